@@ -1,0 +1,118 @@
+"""Pre-flight checks: everything that can be wrong with a job, found before an engine starts.
+
+``batchspec validate`` runs them and prints what it found; ``batchspec run`` runs them first
+too, so that a typo in a column name costs a second, not an engine start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from batchspec.errors import UserError
+from batchspec.inputs import check_columns
+from batchspec.models import resolve_model
+from batchspec.planner import WorkUnit, plan_units
+from batchspec.spec import JobSpec
+from batchspec.writer import RESERVED
+
+# Texts a draft and its target must encode identically: prose, code, digits, non-ASCII.
+TOKENIZER_SAMPLES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b  # 42\n",
+    "Le café coûte 3,50 € — ¿cuánto cuesta en Zürich? 東京",
+    "  leading spaces, tabs\tand\nnewlines 1234567890",
+]
+
+
+@dataclass
+class Preflight:
+    """What the checks established, for the run (and for validate to print)."""
+
+    files: list[Path]
+    column_types: dict[str, pa.DataType]
+    units: list[WorkUnit]
+    target_dir: Path
+    draft_dir: Path | None
+
+    @property
+    def num_rows(self) -> int:
+        return sum(u.num_rows for u in self.units)
+
+    def domains(self) -> dict[str | None, int]:
+        counts: dict[str | None, int] = {}
+        for u in self.units:
+            counts[u.domain] = counts.get(u.domain, 0) + u.num_rows
+        return counts
+
+
+def _load_tokenizer(path: Path, field: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:
+        raise UserError(f"{field}: cannot load a tokenizer from {path} ({exc})") from None
+
+
+def compare_tokenizers(target: Any, draft: Any) -> str | None:
+    """None when the draft tokenizes exactly like the target; else the first difference."""
+    tv, dv = target.get_vocab(), draft.get_vocab()
+    t_by_id = {i: t for t, i in tv.items()}
+    d_by_id = {i: t for t, i in dv.items()}
+    for i in sorted(set(t_by_id) | set(d_by_id)):
+        if t_by_id.get(i) != d_by_id.get(i):
+            return (
+                f"vocabularies differ first at token id {i}: target {t_by_id.get(i)!r}, "
+                f"draft {d_by_id.get(i)!r} (sizes {len(tv)} and {len(dv)})"
+            )
+    for text in TOKENIZER_SAMPLES:
+        a, b = target(text)["input_ids"], draft(text)["input_ids"]
+        if a != b:
+            pos = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+            pos = min(len(a), len(b)) if pos is None else pos
+            ta = target.convert_ids_to_tokens(a[pos]) if pos < len(a) else None
+            tb = draft.convert_ids_to_tokens(b[pos]) if pos < len(b) else None
+            return f"{text!r} encodes differently from token {pos}: target {ta!r}, draft {tb!r}"
+    if target.eos_token_id != draft.eos_token_id:
+        return f"eos token ids differ: target {target.eos_token_id}, draft {draft.eos_token_id}"
+    return None
+
+
+def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
+    """Check spec, input files, columns, models and draft tokenizer; plan the units."""
+    inp = spec.input
+    files = spec.input_files()
+    types = check_columns(files, inp)
+    clash = sorted(RESERVED.intersection(inp.passthrough_columns))
+    if clash:
+        raise UserError(
+            f"input.passthrough_columns: {clash[0]!r} is an output column name; "
+            "rename it in the input or leave it out"
+        )
+    base = spec.resolve(".")
+    target = resolve_model(spec.model.model, "model.model", base, auto_prepare=True)
+    tok_dir = (
+        resolve_model(spec.model.tokenizer, "model.tokenizer", base)
+        if spec.model.tokenizer
+        else target
+    )
+    draft = None
+    s = spec.speculative
+    if s.method != "none" and s.model:
+        draft = resolve_model(s.model, "speculative.model", base, auto_prepare=True)
+        # EAGLE/MTP heads carry no tokenizer of their own; a full draft model must match.
+        if s.method == "draft_model" or (draft / "tokenizer_config.json").exists():
+            diff = compare_tokenizers(
+                _load_tokenizer(tok_dir, "model.tokenizer"),
+                _load_tokenizer(draft, "speculative.model"),
+            )
+            if diff:
+                raise UserError(f"speculative.model: tokenizer differs from the target's: {diff}")
+    units = plan_units(files, spec.output.unit_rows, inp.domain_column, limit)
+    if not units:
+        raise UserError(f"input.path: {inp.path} holds no rows")
+    return Preflight(files, types, units, target, draft)

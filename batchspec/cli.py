@@ -1,0 +1,172 @@
+"""Command line: ``batchspec run | validate | report | models``.
+
+User mistakes (``UserError``) print one line and exit 2, with no traceback; everything else is
+a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from batchspec.errors import UserError
+
+
+def _quiet_libraries() -> None:
+    """vLLM and transformers log at INFO by default; a batch job wants its own summary only."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            click.echo(f"batchspec: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper
+
+
+def _load(job: str, overrides: tuple[str, ...], output: str | None):
+    from batchspec.spec import load_spec
+
+    items = list(overrides)
+    if output is not None:
+        # Relative to where the command runs, as a user typing a path expects.
+        items.append(f"output.dir={Path(output).resolve()}")
+    return load_spec(job, items)
+
+
+job_argument = click.argument("job", type=click.Path(dir_okay=False))
+set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a spec key (value read as YAML); repeatable.",
+)
+limit_option = click.option(
+    "--limit", type=click.IntRange(min=1), help="Only the first N rows of the input."
+)
+
+
+@click.group()
+@click.version_option(package_name="batchspec")
+def main() -> None:
+    """Batch offline generation over Parquet with speculative decoding on vLLM."""
+    _quiet_libraries()
+
+
+@main.command()
+@job_argument
+@click.option("--output", type=click.Path(file_okay=False), help="Write here, not output.dir.")
+@limit_option
+@set_option
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@user_errors
+def run(
+    job: str, output: str | None, limit: int | None, overrides: tuple[str, ...], no_progress: bool
+) -> None:
+    """Generate every row of JOB that is not yet in its output directory."""
+    from batchspec.report import domain_table, format_domain_table, read_output
+    from batchspec.runner import run_job
+
+    spec = _load(job, overrides, output)
+    stats = run_job(spec, limit=limit, progress=not no_progress)
+    out = Path(stats.out_dir)
+    click.echo(f"output: {out}")
+    if stats.units_committed == 0 and stats.units_skipped == stats.units_total:
+        click.echo(f"nothing to do: all {stats.units_total} units are already committed")
+    else:
+        tps = stats.output_tokens_per_s
+        click.echo(
+            f"this run: {stats.rows} rows ({stats.error_rows} errors) in "
+            f"{stats.units_committed} units, {stats.output_tokens} output tokens, "
+            f"{tps:.1f} output tokens/s over {stats.generate_s:.1f} s of generation "
+            f"(+{stats.engine_build_s:.1f} s engine start; wall {stats.wall_s:.1f} s)"
+            if tps is not None
+            else f"this run: {stats.rows} rows"
+        )
+    df = read_output(out)
+    click.echo(f"committed: {df.height} rows in {stats.units_total} units")
+    click.echo(format_domain_table(domain_table(df)))
+
+
+@main.command()
+@job_argument
+@limit_option
+@set_option
+@user_errors
+def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
+    """Check JOB's spec, input files and columns, model paths and draft tokenizer."""
+    from batchspec.checks import preflight
+
+    spec = _load(job, overrides, None)
+    pre = preflight(spec, limit)
+    click.echo(f"spec: ok ({job}, hash {spec.content_hash()})")
+    click.echo(f"input: {len(pre.files)} file(s), {pre.num_rows} rows, {len(pre.units)} units")
+    domains = ", ".join(f"{d}={n}" for d, n in sorted(pre.domains().items(), key=str))
+    click.echo(f"domains: {domains}")
+    click.echo(f"model: {pre.target_dir}")
+    s = spec.speculative
+    if s.method == "none":
+        click.echo("speculation: off")
+    else:
+        draft = f", draft {pre.draft_dir} (tokenizer identical)" if pre.draft_dir else ""
+        click.echo(f"speculation: {s.method}, K={s.num_speculative_tokens}{draft}")
+    click.echo(f"output: {spec.output_dir}")
+
+
+@main.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@user_errors
+def report(out_dir: str) -> None:
+    """Per-domain table of a run's committed output."""
+    from batchspec.report import domain_table, format_domain_table, read_output
+
+    path = Path(out_dir)
+    if not path.is_dir():
+        raise UserError(f"{out_dir}: no such output directory")
+    df = read_output(path)
+    click.echo(f"{path}: {df.height} rows committed")
+    click.echo(format_domain_table(domain_table(df)))
+
+
+@main.group()
+def models() -> None:
+    """Embedded models: prepare them once into the local cache."""
+
+
+@models.command("prepare")
+@click.argument("name", required=False, default="smollm2-135m-instruct")
+@click.option("--force", is_flag=True, help="Rebuild even if already prepared.")
+@user_errors
+def models_prepare(name: str, force: bool) -> None:
+    """Convert embedded model NAME into a vLLM-loadable directory (idempotent)."""
+    from batchspec.models import prepare
+
+    click.echo(prepare(name, force=force))
+
+
+@models.command("list")
+def models_list() -> None:
+    """Embedded models and whether they are prepared."""
+    from batchspec.models import BUILTIN_PREFIX, EMBEDDED, embedded_dir, is_prepared
+
+    for name, m in EMBEDDED.items():
+        state = f"prepared at {embedded_dir(name)}" if is_prepared(name) else "not prepared"
+        click.echo(f"{BUILTIN_PREFIX}{name}  {m.description}  [{state}]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""The vLLM adapter: one engine per (method, K), fed continuously across unit boundaries.
+
+``LLM.generate`` on one unit at a time would drain the running batch at every unit's tail (the
+batch shrinks to the last slow rows). Instead the adapter keeps the engine's queue topped up
+through ``LLMEngine.add_request``/``step`` and hands a unit back as soon as its last row
+finishes, while the next units' rows are already running.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchspec.inputs import RowRequest, UnitRequests
+from batchspec.models import resolve_model
+from batchspec.spec import JobSpec
+
+# The CPU build takes gpu_memory_utilization as a fraction of host memory; vLLM's 0.92 default
+# does not fit next to the rest of the process there.
+CPU_MEMORY_FRACTION = 0.3
+
+
+def on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def speculative_config(spec: JobSpec, k: int) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for K drafts, or None for plain decoding."""
+    s = spec.speculative
+    if s.method == "none" or k == 0:
+        return None
+    cfg: dict[str, Any] = {"method": s.method, "num_speculative_tokens": k}
+    if s.model:
+        cfg["model"] = str(
+            resolve_model(s.model, "speculative.model", spec.resolve("."), auto_prepare=True)
+        )
+    if s.prompt_lookup_min is not None:
+        cfg["prompt_lookup_min"] = s.prompt_lookup_min
+    if s.prompt_lookup_max is not None:
+        cfg["prompt_lookup_max"] = s.prompt_lookup_max
+    if s.draft_tensor_parallel_size is not None:
+        cfg["draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
+    cfg.update(s.extra)
+    return cfg
+
+
+def engine_kwargs(spec: JobSpec, k: int) -> dict[str, Any]:
+    """Every ``vllm.LLM`` keyword for this job at K; the benchmark builds bare vLLM from it too."""
+    m = spec.model
+    kwargs: dict[str, Any] = {
+        "model": str(resolve_model(m.model, "model.model", spec.resolve("."), auto_prepare=True)),
+        "dtype": m.dtype,
+        "tensor_parallel_size": m.tensor_parallel_size,
+        "max_num_seqs": m.max_num_seqs,
+        "enforce_eager": m.enforce_eager,
+        "seed": m.seed,
+        # Per-request timestamps (RequestOutput.metrics) are only kept with stats on.
+        "disable_log_stats": False,
+    }
+    if m.tokenizer:
+        kwargs["tokenizer"] = str(resolve_model(m.tokenizer, "model.tokenizer", spec.resolve(".")))
+    if m.max_model_len is not None:
+        kwargs["max_model_len"] = m.max_model_len
+    if m.gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = m.gpu_memory_utilization
+    elif on_cpu():
+        kwargs["gpu_memory_utilization"] = CPU_MEMORY_FRACTION
+    cfg = speculative_config(spec, k)
+    if cfg is not None:
+        kwargs["speculative_config"] = cfg
+        kwargs["per_request_spec_decode_metrics"] = "summary"
+    kwargs.update(m.engine_kwargs)
+    return kwargs
+
+
+def sampling_params(spec: JobSpec, seed: int | None = None) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    s = spec.sampling
+    return SamplingParams(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k if s.top_k > 0 else 0,
+        max_tokens=s.max_tokens,
+        stop=list(s.stop) or None,
+        seed=seed,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+@dataclass
+class RowResult:
+    """What the engine produced for one row; ``error`` set means nothing was generated."""
+
+    request: RowRequest
+    text: str | None = None
+    num_prompt_tokens: int | None = None
+    num_output_tokens: int | None = None
+    finish_reason: str | None = None
+    spec: dict[str, Any] | None = None
+    """vLLM's per-request speculative metrics (``RequestSpecDecodeMetrics.to_dict``)."""
+    timing: dict[str, float] | None = None
+    """Engine-core timestamps: queued, scheduled, first_token, last_token (monotonic s)."""
+    error: str | None = None
+
+
+@dataclass
+class UnitResult:
+    unit_requests: UnitRequests
+    results: list[RowResult]
+    k: int
+    method: str
+
+
+@dataclass
+class _Pending:
+    unit: UnitRequests
+    results: list[RowResult | None]
+    left: int = 0
+    ids: list[str] = field(default_factory=list)
+
+
+def _row_result(req: RowRequest, out: Any) -> RowResult:
+    comp = out.outputs[0]
+    sdm = getattr(comp, "spec_decode_metrics", None)
+    m = out.metrics
+    timing = None
+    if m is not None and getattr(m, "queued_ts", 0):
+        timing = {
+            "queued": m.queued_ts,
+            "scheduled": m.scheduled_ts,
+            "first_token": m.first_token_ts,
+            "last_token": m.last_token_ts,
+        }
+    return RowResult(
+        request=req,
+        text=comp.text,
+        num_prompt_tokens=len(out.prompt_token_ids or req.prompt_token_ids or []),
+        num_output_tokens=len(comp.token_ids),
+        finish_reason=str(comp.finish_reason) if comp.finish_reason is not None else None,
+        spec=sdm.to_dict() if sdm is not None else None,
+        timing=timing,
+    )
+
+
+class Engine:
+    """A ``vllm.LLM`` for one (method, K), with a continuous feeding loop.
+
+    vLLM fixes K when the engine is built, so a different K means another Engine; the runner
+    groups units by K to build as few as possible.
+    """
+
+    def __init__(self, spec: JobSpec, k: int):
+        from vllm import LLM
+
+        self.spec = spec
+        self.k = k
+        self.method = "none" if speculative_config(spec, k) is None else spec.speculative.method
+        started = time.perf_counter()
+        self.llm = LLM(**engine_kwargs(spec, k))
+        self.build_s = time.perf_counter() - started
+        self.engine = self.llm.llm_engine
+        self.max_model_len: int = self.engine.model_config.max_model_len
+        # Top the queue up when fewer than this many requests are unfinished: the scheduler
+        # then always has a full batch waiting while the next unit is being tokenized.
+        self.low_water = 2 * spec.model.max_num_seqs
+        self._next_id = 0
+
+    def tokenizer(self) -> Any:
+        return self.llm.get_tokenizer()
+
+    def _submit(self, pending: _Pending, index: int, req: RowRequest) -> None:
+        request_id = str(self._next_id)
+        self._next_id += 1
+        try:
+            self.engine.add_request(
+                request_id,
+                {"prompt_token_ids": req.prompt_token_ids},
+                sampling_params(self.spec, req.seed),
+            )
+        except Exception as exc:  # the engine's own validation rejected this row
+            pending.results[index] = RowResult(req, error=f"rejected by engine: {exc}")
+            return
+        self._inflight[request_id] = (pending, index)
+        pending.ids.append(request_id)
+        pending.left += 1
+
+    def run(self, units: Iterable[UnitRequests]) -> Iterator[UnitResult]:
+        """Yield each unit's results as soon as its last row finishes."""
+        source = iter(units)
+        self._inflight: dict[str, tuple[_Pending, int]] = {}
+        open_units: list[_Pending] = []
+        exhausted = False
+
+        def feed() -> None:
+            nonlocal exhausted
+            while not exhausted and self.engine.get_num_unfinished_requests() < self.low_water:
+                unit = next(source, None)
+                if unit is None:
+                    exhausted = True
+                    return
+                pending = _Pending(unit, [None] * len(unit.rows))
+                for i, req in enumerate(unit.rows):
+                    if req.error is not None:
+                        pending.results[i] = RowResult(req, error=req.error)
+                    else:
+                        self._submit(pending, i, req)
+                open_units.append(pending)
+
+        def finished() -> Iterator[UnitResult]:
+            # Any unit whose rows are all back, in whatever order they finish: committing
+            # early is what bounds the work lost to a crash.
+            done = [p for p in open_units if p.left == 0]
+            for p in done:
+                open_units.remove(p)
+                yield UnitResult(p.unit, list(p.results), self.k, self.method)
+
+        feed()
+        yield from finished()
+        try:
+            while self._inflight or not exhausted:
+                if not self._inflight:
+                    feed()
+                    yield from finished()
+                    continue
+                for out in self.engine.step():
+                    if not out.finished:
+                        continue
+                    pending, index = self._inflight.pop(out.request_id)
+                    pending.results[index] = _row_result(pending.unit.rows[index], out)
+                    pending.left -= 1
+                feed()
+                yield from finished()
+        except GeneratorExit:
+            # The consumer stopped early (a signal, an error): drop what is still running.
+            if self._inflight:
+                self.engine.abort_request(list(self._inflight))
+            raise
+
+    def close(self) -> None:
+        """Stop the engine's processes and free its memory before another engine starts."""
+        engine_core = getattr(self.engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del self.llm, self.engine
+        gc.collect()

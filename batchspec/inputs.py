@@ -1,0 +1,207 @@
+"""Reading a work unit's rows from Parquet and turning each into token ids for the engine.
+
+Rows are checked one by one: a null or empty prompt, malformed chat messages or a prompt that
+does not fit the context become an error row here, before the engine sees them, so one bad row
+never stops a unit. The chat template is applied here (not inside vLLM) because the token count
+is needed for the length check and for the output's num_prompt_tokens anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from batchspec.errors import UserError
+from batchspec.planner import WorkUnit
+from batchspec.spec import InputSpec
+
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+
+@dataclass
+class RowRequest:
+    """One input row, ready for the engine (``prompt_token_ids``) or already failed (``error``)."""
+
+    row: int
+    """Row number in its input file: with the unit it locates the row exactly."""
+    row_id: Any
+    domain: str | None
+    passthrough: dict[str, Any]
+    prompt_token_ids: list[int] | None = None
+    error: str | None = None
+    seed: int | None = None
+
+
+@dataclass
+class UnitRequests:
+    """A unit and its rows, in input order."""
+
+    unit: WorkUnit
+    rows: list[RowRequest] = field(default_factory=list)
+
+
+def required_columns(spec: InputSpec) -> list[str]:
+    cols = [spec.id_column, spec.prompt_column or spec.messages_column]
+    if spec.domain_column:
+        cols.append(spec.domain_column)
+    cols.extend(spec.passthrough_columns)
+    return [c for c in dict.fromkeys(cols) if c is not None]
+
+
+def check_columns(files: list[Path], spec: InputSpec) -> dict[str, pa.DataType]:
+    """Every needed column present in every file with one type; returns the types."""
+    wanted = required_columns(spec)
+    types: dict[str, pa.DataType] = {}
+    for path in files:
+        try:
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise UserError(f"{path}: not a readable Parquet file ({exc})") from None
+        for col in wanted:
+            if col not in schema.names:
+                field_name = _field_of(spec, col)
+                raise UserError(f"{path}: {field_name} {col!r} is not a column of the file")
+            typ = schema.field(col).type
+            if col in types and types[col] != typ:
+                raise UserError(
+                    f"{path}: column {col!r} has type {typ}, but {types[col]} in earlier files"
+                )
+            types[col] = typ
+    prompt_col = spec.prompt_column or spec.messages_column
+    prompt_type = types[prompt_col]
+    if spec.prompt_column and not (
+        pa.types.is_string(prompt_type) or pa.types.is_large_string(prompt_type)
+    ):
+        raise UserError(f"input.prompt_column {prompt_col!r} must hold strings, not {prompt_type}")
+    if spec.messages_column and not (
+        pa.types.is_list(prompt_type) or pa.types.is_large_list(prompt_type)
+    ):
+        raise UserError(
+            f"input.messages_column {prompt_col!r} must hold lists of {{role, content}}, "
+            f"not {prompt_type}"
+        )
+    return types
+
+
+def _field_of(spec: InputSpec, col: str) -> str:
+    for name in ("id_column", "prompt_column", "messages_column", "domain_column"):
+        if getattr(spec, name) == col:
+            return f"input.{name}"
+    return "input.passthrough_columns entry"
+
+
+def read_unit_table(unit: WorkUnit, columns: list[str], domain_column: str | None) -> pa.Table:
+    """The unit's rows (its range, its domain) with a ``__row`` column of file row numbers."""
+    pf = pq.ParquetFile(unit.path)
+    meta = pf.metadata
+    groups, first_row, offset = [], None, 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if offset + n > unit.start and offset < unit.stop:
+            groups.append(g)
+            if first_row is None:
+                first_row = offset
+        offset += n
+    table = pf.read_row_groups(groups, columns=columns)
+    table = table.slice(unit.start - (first_row or 0), unit.stop - unit.start)
+    table = table.append_column("__row", pa.array(range(unit.start, unit.stop), pa.int64()))
+    if domain_column is not None:
+        dom = table.column(domain_column)
+        if not pa.types.is_string(dom.type):
+            dom = pc.cast(dom, pa.string())
+        mask = (
+            pc.is_null(dom)
+            if unit.domain is None
+            else pc.fill_null(pc.equal(dom, unit.domain), False)
+        )
+        table = table.filter(mask)
+    return table
+
+
+def _messages_error(messages: Any) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return "messages is not a non-empty list"
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            return f"messages[{i}] is not a {{role, content}} mapping"
+        role, content = msg.get("role"), msg.get("content")
+        if role not in CHAT_ROLES:
+            return f"messages[{i}].role {role!r} is not one of {sorted(CHAT_ROLES)}"
+        if not isinstance(content, str):
+            return f"messages[{i}].content is not a string"
+    if messages[-1]["role"] == "assistant":
+        return "messages end with an assistant turn: nothing to answer"
+    if not any(m["content"].strip() for m in messages if m["role"] == "user"):
+        return "messages have no non-empty user turn"
+    return None
+
+
+class PromptBuilder:
+    """Turns a unit's rows into token ids with the target's tokenizer and chat template."""
+
+    def __init__(self, spec: InputSpec, tokenizer: Any, max_model_len: int, seed: int | None):
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.seed = seed
+        self.columns = required_columns(spec)
+
+    def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if self.spec.system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.spec.system_prompt}, *messages]
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        # The template already holds the special tokens it wants.
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _encode(self, value: Any) -> tuple[list[int] | None, str | None]:
+        spec = self.spec
+        if spec.messages_column:
+            err = _messages_error(value)
+            if err:
+                return None, err
+            messages = [{"role": m["role"], "content": m["content"]} for m in value]
+            return self._encode_chat(messages), None
+        if value is None:
+            return None, "prompt is null"
+        if not isinstance(value, str) or not value.strip():
+            return None, "prompt is empty"
+        if spec.apply_chat_template:
+            return self._encode_chat([{"role": "user", "content": value}]), None
+        return self.tokenizer(value)["input_ids"], None
+
+    def build(self, unit: WorkUnit) -> UnitRequests:
+        spec = self.spec
+        table = read_unit_table(unit, self.columns, spec.domain_column)
+        prompt_col = spec.prompt_column or spec.messages_column
+        data = {name: table.column(name).to_pylist() for name in [*self.columns, "__row"]}
+        out = UnitRequests(unit)
+        for i, row in enumerate(data["__row"]):
+            try:
+                ids, error = self._encode(data[prompt_col][i])
+            except Exception as exc:  # a template or tokenizer failure is this row's problem
+                ids, error = None, f"prompt could not be encoded: {exc}"
+            if ids is not None and len(ids) >= self.max_model_len:
+                error = f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}"
+                ids = None
+            seed = None
+            if self.seed is not None:
+                seed = (self.seed + (unit.file_index << 40) + row) % (1 << 63)
+            out.rows.append(
+                RowRequest(
+                    row=row,
+                    row_id=data[spec.id_column][i],
+                    domain=unit.domain,
+                    passthrough={c: data[c][i] for c in spec.passthrough_columns},
+                    prompt_token_ids=ids,
+                    error=error,
+                    seed=seed,
+                )
+            )
+        return out

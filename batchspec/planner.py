@@ -1,0 +1,117 @@
+"""Planner: the input split into deterministic, single-domain work units.
+
+A unit is a row range of one input file, restricted to one domain when the input has a domain
+column. The same input and settings always give the same units (and unit ids), which is what
+lets any number of workers, started at any time, agree on what is done without talking to each
+other. Planning streams the Parquet footer and, with a domain column, that one column batch by
+batch: the dataset itself is never held in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from batchspec.errors import UserError
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """Rows ``[start, stop)`` of input file ``file_index`` whose domain is ``domain``.
+
+    ``num_rows`` counts only the rows of that domain. ``domain`` is None when the input has no
+    domain column, and also for rows whose domain cell is null.
+    """
+
+    file_index: int
+    path: str
+    start: int
+    stop: int
+    domain: str | None
+    num_rows: int
+
+    @property
+    def unit_id(self) -> str:
+        base = f"f{self.file_index:04d}-r{self.start:010d}-{self.stop:010d}"
+        if self.domain is None:
+            return base
+        # A readable slug plus a hash: two domains that slug alike still get distinct ids.
+        slug = re.sub(r"[^a-z0-9]+", "_", self.domain.lower()).strip("_")[:24] or "d"
+        digest = hashlib.sha1(self.domain.encode()).hexdigest()[:6]
+        return f"{base}-{slug}-{digest}"
+
+
+def _domains_by_chunk(
+    pf: pq.ParquetFile, column: str, unit_rows: int, num_rows: int
+) -> Iterator[tuple[int, int, dict[str | None, int]]]:
+    """(start, stop, {domain: count}) for consecutive chunks of ``unit_rows`` rows."""
+    start = 0
+    counts: dict[str | None, int] = {}
+    filled = 0
+    for batch in pf.iter_batches(batch_size=65536, columns=[column]):
+        col = batch.column(0)
+        offset = 0
+        while offset < len(col):
+            take = min(unit_rows - filled, len(col) - offset, num_rows - start - filled)
+            if take <= 0:
+                break
+            piece = col.slice(offset, take)
+            if not pa.types.is_string(piece.type) and not pa.types.is_large_string(piece.type):
+                piece = pc.cast(piece, pa.string())
+            for item in pc.value_counts(piece).to_pylist():
+                key = item["values"]
+                counts[key] = counts.get(key, 0) + item["counts"]
+            offset += take
+            filled += take
+            if filled == unit_rows or start + filled == num_rows:
+                yield start, start + filled, counts
+                start += filled
+                filled, counts = 0, {}
+        if start >= num_rows:
+            return
+    if filled:
+        yield start, start + filled, counts
+
+
+def plan_units(
+    files: list[Path],
+    unit_rows: int,
+    domain_column: str | None,
+    limit: int | None = None,
+) -> list[WorkUnit]:
+    """All work units of the input, in input order (file, row range, domain name).
+
+    ``limit`` keeps only the first ``limit`` rows of the whole input (files in order).
+    """
+    units: list[WorkUnit] = []
+    remaining = limit
+    for index, path in enumerate(files):
+        if remaining is not None and remaining <= 0:
+            break
+        try:
+            pf = pq.ParquetFile(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise UserError(f"{path}: not a readable Parquet file ({exc})") from None
+        num_rows = pf.metadata.num_rows
+        if remaining is not None:
+            num_rows = min(num_rows, remaining)
+            remaining -= num_rows
+        if domain_column is None:
+            for start in range(0, num_rows, unit_rows):
+                stop = min(start + unit_rows, num_rows)
+                units.append(WorkUnit(index, str(path), start, stop, None, stop - start))
+            continue
+        if domain_column not in pf.schema_arrow.names:
+            raise UserError(f"{path}: input.domain_column {domain_column!r} is not a column")
+        for start, stop, counts in _domains_by_chunk(pf, domain_column, unit_rows, num_rows):
+            # Sorted so that the order of units never depends on hash order.
+            for domain in sorted(counts, key=lambda d: (d is None, d or "")):
+                units.append(WorkUnit(index, str(path), start, stop, domain, counts[domain]))
+    return units

@@ -1,0 +1,86 @@
+"""Reports read only committed parts and the run logs: never a half-written or in-flight unit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from batchspec.writer import PARTS_DIR
+
+
+def read_output(out_dir: Path) -> pl.DataFrame:
+    """All committed rows of a run (empty frame when nothing is committed yet)."""
+    parts = sorted((out_dir / PARTS_DIR).glob("*.parquet"))
+    if not parts:
+        return pl.DataFrame()
+    return pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
+
+
+def domain_table(df: pl.DataFrame) -> pl.DataFrame:
+    """Per domain: rows, error rows, tokens, acceptance α, mean accepted length, K used.
+
+    α is pooled (all accepted / all drafted tokens of the domain), not a mean of row rates,
+    so long rows weigh by what they drafted.
+    """
+    if df.is_empty():
+        return df
+    ok = pl.col("error").is_null()
+    return (
+        df.group_by("domain")
+        .agg(
+            pl.len().alias("rows"),
+            (~ok).sum().alias("errors"),
+            pl.col("num_output_tokens").sum().alias("output_tokens"),
+            pl.col("num_output_tokens").filter(ok).mean().alias("mean_output_tokens"),
+            # 0/0 (nothing drafted) is NaN in polars; report it as null, like the rows do.
+            (pl.col("num_accepted_tokens").sum() / pl.col("num_draft_tokens").sum())
+            .fill_nan(None)
+            .alias("acceptance_rate"),
+            (1 + pl.col("num_accepted_tokens").sum() / pl.col("num_spec_steps").sum())
+            .fill_nan(None)
+            .alias("mean_acceptance_length"),
+            pl.col("num_speculative_tokens").unique().sort().alias("k_used"),
+            pl.col("spec_method").unique().sort().alias("methods"),
+            pl.col("output_tokens_per_s").median().alias("row_tokens_per_s"),
+        )
+        .sort("domain", nulls_last=True)
+    )
+
+
+def _fmt(value: object, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def format_domain_table(table: pl.DataFrame) -> str:
+    """A fixed-width text table, one line per domain plus a total line."""
+    if table.is_empty():
+        return "(no rows committed)"
+    header = ["domain", "rows", "errors", "out_tok", "alpha", "mean_acc_len", "K", "row_tok/s"]
+    lines = []
+    for r in table.iter_rows(named=True):
+        lines.append(
+            [
+                _fmt(r["domain"]),
+                _fmt(r["rows"]),
+                _fmt(r["errors"]),
+                _fmt(r["output_tokens"]),
+                _fmt(r["acceptance_rate"]),
+                _fmt(r["mean_acceptance_length"]),
+                _fmt(r["k_used"]),
+                _fmt(r["row_tokens_per_s"], 1),
+            ]
+        )
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+
+    def row(cells: list[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in pairs)
+
+    return "\n".join([row(header), *(row(line) for line in lines)])
