@@ -160,7 +160,7 @@ class PromptBuilder:
         # The template already holds the special tokens it wants.
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _encode(self, value: Any) -> tuple[list[int] | None, str | None]:
+    def encode(self, value: Any) -> tuple[list[int] | None, str | None]:
         spec = self.spec
         if spec.messages_column:
             err = _messages_error(value)
@@ -184,7 +184,7 @@ class PromptBuilder:
         out = UnitRequests(unit)
         for i, row in enumerate(data["__row"]):
             try:
-                ids, error = self._encode(data[prompt_col][i])
+                ids, error = self.encode(data[prompt_col][i])
             except Exception as exc:  # a template or tokenizer failure is this row's problem
                 ids, error = None, f"prompt could not be encoded: {exc}"
             if ids is not None and len(ids) >= self.max_model_len:

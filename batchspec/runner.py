@@ -41,6 +41,7 @@ class RunStats:
     error_rows: int = 0
     output_tokens: int = 0
     engine_build_s: float = 0.0
+    engine_close_s: float = 0.0
     generate_s: float = 0.0
     wall_s: float = 0.0
     engines: list[dict] = field(default_factory=list)
@@ -119,6 +120,7 @@ def run_job(spec: JobSpec, limit: int | None = None, progress: bool = True) -> R
             finally:
                 gen_s = time.perf_counter() - gen_started
                 engine.close()
+                stats.engine_close_s += time.perf_counter() - gen_started - gen_s
             stats.generate_s += gen_s
             stats.output_tokens += tokens
             stats.engines.append(

@@ -1,0 +1,177 @@
+"""End to end on real vLLM (CPU build) and the embedded model, through the real CLI.
+
+One run serves many checks (an engine start costs ~25 s here): a mixed-domain input with bad
+rows, n-gram speculation with one domain switched off (K=0), then reruns.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import PROMPTS, job_dict, run_cli, write_job
+
+pytestmark = pytest.mark.engine
+
+PER_DOMAIN = 6
+BAD_ROWS = {
+    "bad-empty": [{"role": "user", "content": "   "}],
+    "bad-null": None,
+    "bad-role": [{"role": "robot", "content": "hello"}],
+    "bad-long": [{"role": "user", "content": "word " * 1500}],
+}
+
+
+def mixed_input(path: Path) -> pa.Table:
+    """PER_DOMAIN prompts of every domain, interleaved, plus one row of each bad kind."""
+    table = pl.read_parquet(PROMPTS)
+    picked = table.group_by("domain", maintain_order=True).head(PER_DOMAIN)
+    rows = picked.sort("id").to_dicts()
+    for i, (row_id, messages) in enumerate(BAD_ROWS.items()):
+        rows.insert(
+            5 * i + 3,
+            {"id": row_id, "domain": "chat", "prompt": "", "messages": messages, "source": "bad"},
+        )
+    out = pa.Table.from_pylist(rows, schema=pq.read_schema(PROMPTS).remove_metadata())
+    pq.write_table(out, path, row_group_size=10)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ngram_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    source = mixed_input(tmp / "in.parquet")
+    job = job_dict(
+        tmp / "out",
+        input={"path": str(tmp / "in.parquet")},
+        speculative={"per_domain": {"math": 0}},
+    )
+    path = write_job(tmp / "job.yaml", job)
+    result = run_cli("run", str(path), "--no-progress")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return path, source, pl.read_parquet(tmp / "out" / "parts" / "*.parquet"), result
+
+
+def test_every_input_row_once(ngram_run) -> None:
+    _, source, out, _ = ngram_run
+    assert out.height == source.num_rows
+    assert out["id"].n_unique() == out.height
+    assert sorted(out["id"].to_list()) == sorted(source.column("id").to_pylist())
+    assert set(out["source"]) == {"authored-v1", "bad"}
+
+
+def test_bad_rows_become_error_rows(ngram_run) -> None:
+    out = ngram_run[2]
+    errors = dict(out.filter(pl.col("error").is_not_null()).select("id", "error").iter_rows())
+    assert set(errors) == set(BAD_ROWS)
+    assert "no non-empty user turn" in errors["bad-empty"]
+    assert "not a non-empty list" in errors["bad-null"]
+    assert "'robot'" in errors["bad-role"]
+    assert "max_model_len is 1024" in errors["bad-long"]
+    bad = out.filter(pl.col("error").is_not_null())
+    assert bad["generated_text"].null_count() == bad.height
+    good = out.filter(pl.col("error").is_null())
+    assert good["generated_text"].null_count() == 0
+    assert (good["num_output_tokens"] > 0).all()
+    assert set(good["finish_reason"]) <= {"stop", "length"}
+
+
+def test_acceptance_invariants(ngram_run) -> None:
+    spec_rows = ngram_run[2].filter(pl.col("error").is_null() & (pl.col("domain") != "math"))
+    assert set(spec_rows["spec_method"]) == {"ngram"}
+    assert set(spec_rows["num_speculative_tokens"]) == {3}
+    assert spec_rows["num_draft_tokens"].sum() > 0
+    for r in spec_rows.iter_rows(named=True):
+        assert 0 <= r["num_accepted_tokens"] <= r["num_draft_tokens"]
+        assert sum(r["acceptance_histogram"]) == r["num_spec_steps"]
+        assert len(r["acceptance_histogram"]) == 4
+        assert (
+            sum(j * c for j, c in enumerate(r["acceptance_histogram"])) == r["num_accepted_tokens"]
+        )
+        assert r["num_draft_tokens"] <= 3 * r["num_spec_steps"]
+        if r["num_draft_tokens"]:
+            assert r["acceptance_rate"] == pytest.approx(
+                r["num_accepted_tokens"] / r["num_draft_tokens"]
+            )
+            assert r["mean_acceptance_length"] == pytest.approx(
+                1 + r["num_accepted_tokens"] / r["num_spec_steps"]
+            )
+        else:
+            assert r["acceptance_rate"] is None
+
+
+def test_domain_with_k0_has_null_speculative_columns(ngram_run) -> None:
+    math = ngram_run[2].filter(pl.col("domain") == "math")
+    assert math.height == PER_DOMAIN
+    assert set(math["spec_method"]) == {"none"} and set(math["num_speculative_tokens"]) == {0}
+    for col in (
+        "num_spec_steps",
+        "num_draft_tokens",
+        "num_accepted_tokens",
+        "acceptance_rate",
+        "mean_acceptance_length",
+        "acceptance_histogram",
+    ):
+        assert math[col].null_count() == math.height, col
+
+
+def test_timing_invariants(ngram_run) -> None:
+    good = ngram_run[2].filter(pl.col("error").is_null())
+    for r in good.iter_rows(named=True):
+        assert 0 <= r["queue_s"] <= r["ttft_s"] <= r["e2e_s"]
+        assert r["decode_s"] == pytest.approx(r["e2e_s"] - r["ttft_s"])
+        assert r["output_tokens_per_s"] > 0
+
+
+def test_summary_printed(ngram_run) -> None:
+    stdout = ngram_run[3].stdout
+    assert "output: " in stdout and "output tokens/s" in stdout
+    n = ngram_run[1].num_rows
+    assert f"this run: {n} rows ({len(BAD_ROWS)} errors)" in stdout
+    for domain in ("chat", "code", "math", "qa", "summarization", "translation"):
+        assert f"\n{domain} " in stdout
+
+
+def test_rerun_is_a_quick_noop(ngram_run) -> None:
+    path, _, _, _ = ngram_run
+    parts = sorted((path.parent / "out" / "parts").iterdir())
+    started = time.monotonic()
+    result = run_cli("run", str(path), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "nothing to do" in result.stdout
+    assert time.monotonic() - started < 60  # no engine start
+    assert sorted((path.parent / "out" / "parts").iterdir()) == parts
+
+
+def test_rerun_with_other_spec_is_refused(ngram_run) -> None:
+    path = ngram_run[0]
+    result = run_cli("run", str(path), "--set", "sampling.max_tokens=5")
+    assert result.returncode == 2
+    assert "holds a run with a different job spec" in result.stderr
+
+
+def test_target_as_its_own_draft_accepts_everything(tmp_path: Path) -> None:
+    job = job_dict(
+        tmp_path / "out",
+        speculative={
+            "method": "draft_model",
+            "model": "builtin:smollm2-135m-instruct",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": None,
+            "prompt_lookup_max": None,
+        },
+        output={"unit_rows": 4},
+    )
+    path = write_job(tmp_path / "job.yaml", job)
+    result = run_cli("run", str(path), "--limit", "8", "--no-progress")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
+    assert out.height == 8 and out["error"].null_count() == 8
+    assert set(out["spec_method"]) == {"draft_model"}
+    assert out["num_draft_tokens"].sum() > 0
+    assert (out["num_accepted_tokens"] == out["num_draft_tokens"]).all()
+    assert set(out["acceptance_rate"]) == {1.0}
