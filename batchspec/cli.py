@@ -67,39 +67,89 @@ def main() -> None:
     _quiet_libraries()
 
 
+def _print_run(stats) -> None:
+    """The one-screen summary: this invocation, then everything committed, per domain."""
+    from batchspec.report import domain_table, format_domain_table, read_output
+
+    out = Path(stats.out_dir)
+    click.echo(f"output: {out}")
+    if stats.units_committed == 0 and stats.units_skipped == stats.units_total:
+        click.echo(f"nothing to do: all {stats.units_total} units are already committed")
+    elif stats.output_tokens_per_s is not None:
+        click.echo(
+            f"this run: {stats.rows} rows ({stats.error_rows} errors) in "
+            f"{stats.units_committed} units, {stats.output_tokens} output tokens, "
+            f"{stats.output_tokens_per_s:.1f} output tokens/s over {stats.generate_s:.1f} s of "
+            f"generation (+{stats.engine_build_s:.1f} s engine start; wall {stats.wall_s:.1f} s)"
+        )
+    notes = []
+    if stats.units_failed:
+        notes.append(f"{stats.units_failed} units failed (see {out / 'failed'}; a rerun retries)")
+    if stats.engine_failures:
+        notes.append(f"{stats.engine_failures} engine failures recovered")
+    if stats.units_abandoned:
+        notes.append(f"{stats.units_abandoned} units handed back unfinished")
+    if stats.stopped_by_signal:
+        notes.append("stopped by signal; rerun to continue")
+    if notes:
+        click.echo("note: " + "; ".join(notes))
+    df = read_output(out)
+    click.echo(f"committed: {df.height} rows in {stats.units_total} units")
+    click.echo(format_domain_table(domain_table(df)))
+
+
 @main.command()
 @job_argument
 @click.option("--output", type=click.Path(file_okay=False), help="Write here, not output.dir.")
 @limit_option
 @set_option
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes on this node; on GPUs each gets tensor_parallel_size GPUs.",
+)
 @user_errors
 def run(
-    job: str, output: str | None, limit: int | None, overrides: tuple[str, ...], no_progress: bool
+    job: str,
+    output: str | None,
+    limit: int | None,
+    overrides: tuple[str, ...],
+    no_progress: bool,
+    workers: int,
 ) -> None:
     """Generate every row of JOB that is not yet in its output directory."""
-    from batchspec.report import domain_table, format_domain_table, read_output
     from batchspec.runner import run_job
 
     spec = _load(job, overrides, output)
-    stats = run_job(spec, limit=limit, progress=not no_progress)
-    out = Path(stats.out_dir)
-    click.echo(f"output: {out}")
-    if stats.units_committed == 0 and stats.units_skipped == stats.units_total:
-        click.echo(f"nothing to do: all {stats.units_total} units are already committed")
-    else:
-        tps = stats.output_tokens_per_s
-        click.echo(
-            f"this run: {stats.rows} rows ({stats.error_rows} errors) in "
-            f"{stats.units_committed} units, {stats.output_tokens} output tokens, "
-            f"{tps:.1f} output tokens/s over {stats.generate_s:.1f} s of generation "
-            f"(+{stats.engine_build_s:.1f} s engine start; wall {stats.wall_s:.1f} s)"
-            if tps is not None
-            else f"this run: {stats.rows} rows"
+    if workers == 1:
+        _print_run(run_job(spec, limit=limit, progress=not no_progress))
+        return
+    from batchspec.launch import WorkerError, launch
+    from batchspec.runner import prepare_run
+
+    pre, todo = prepare_run(spec, limit)
+    args = [job, "--output", str(spec.output_dir), *(f"--set={o}" for o in overrides)]
+    if limit is not None:
+        args += ["--limit", str(limit)]
+    try:
+        stats = launch(
+            args,
+            workers,
+            spec.model.tensor_parallel_size,
+            spec.output_dir,
+            len(pre.units),
+            len(todo),
+            sum(u.num_rows for u in todo),
+            progress=not no_progress,
         )
-    df = read_output(out)
-    click.echo(f"committed: {df.height} rows in {stats.units_total} units")
-    click.echo(format_domain_table(domain_table(df)))
+    except WorkerError as exc:
+        _print_run(exc.stats)
+        click.echo(f"batchspec: error: {exc}", err=True)
+        sys.exit(1)
+    _print_run(stats)
 
 
 @main.command()

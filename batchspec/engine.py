@@ -8,11 +8,16 @@ finishes, while the next units' rows are already running.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import signal
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
 
 from batchspec.inputs import RowRequest, UnitRequests
 from batchspec.models import resolve_model
@@ -123,7 +128,44 @@ class _Pending:
     unit: UnitRequests
     results: list[RowResult | None]
     left: int = 0
-    ids: list[str] = field(default_factory=list)
+
+
+class UnitSource(Protocol):
+    """Where the engine loop gets work: the runner's claim logic behind three calls."""
+
+    def next_unit(self) -> UnitRequests | None:
+        """A claimed unit ready to submit, or None when none can be had right now."""
+
+    def exhausted(self) -> bool:
+        """True when no unit will come any more (all done, or stopping)."""
+
+    def wait(self) -> None:
+        """Block briefly while units held by other workers may come free."""
+
+
+class EngineFailure(RuntimeError):
+    """The engine died or failed a step; the units in flight must be retried elsewhere."""
+
+
+# Fault injection for tests, off unless set: BATCHSPEC_INJECT_ENGINE_CRASH=STEP[:COUNT] kills
+# the engine's processes (SIGKILL) at its STEP-th step, for the first COUNT engines this
+# process builds (default 1), exactly as an out-of-memory kill or a driver fault would.
+INJECT_ENV = "BATCHSPEC_INJECT_ENGINE_CRASH"
+_injected = 0
+
+
+def _maybe_inject_crash(step: int) -> None:
+    global _injected
+    raw = os.environ.get(INJECT_ENV)
+    if not raw:
+        return
+    at, _, count = raw.partition(":")
+    if step != int(at) or _injected >= int(count or 1):
+        return
+    _injected += 1
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signal.SIGKILL)
 
 
 def _row_result(req: RowRequest, out: Any) -> RowResult:
@@ -171,47 +213,52 @@ class Engine:
         # then always has a full batch waiting while the next unit is being tokenized.
         self.low_water = 2 * spec.model.max_num_seqs
         self._next_id = 0
+        self._steps = 0
+        self._params = sampling_params(spec)
 
     def tokenizer(self) -> Any:
         return self.llm.get_tokenizer()
 
-    def _submit(self, pending: _Pending, index: int, req: RowRequest) -> None:
-        request_id = str(self._next_id)
-        self._next_id += 1
-        try:
-            self.engine.add_request(
-                request_id,
-                {"prompt_token_ids": req.prompt_token_ids},
-                sampling_params(self.spec, req.seed),
-            )
-        except Exception as exc:  # the engine's own validation rejected this row
-            pending.results[index] = RowResult(req, error=f"rejected by engine: {exc}")
-            return
-        self._inflight[request_id] = (pending, index)
-        pending.ids.append(request_id)
-        pending.left += 1
+    def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
+        """Yield each unit's results as soon as its last row finishes.
 
-    def run(self, units: Iterable[UnitRequests]) -> Iterator[UnitResult]:
-        """Yield each unit's results as soon as its last row finishes."""
-        source = iter(units)
-        self._inflight: dict[str, tuple[_Pending, int]] = {}
+        Pulls units from ``source`` whenever fewer than ``low_water`` requests are unfinished;
+        ends when the source is exhausted and nothing is in flight, or, aborting what is in
+        flight, as soon as ``should_abort()`` turns true. An engine failure propagates as
+        ``EngineFailure``; the caller owns the units that were in flight.
+        """
+        inflight: dict[str, tuple[_Pending, int]] = {}
         open_units: list[_Pending] = []
-        exhausted = False
+
+        def submit(pending: _Pending, index: int, req: RowRequest) -> None:
+            request_id = str(self._next_id)
+            self._next_id += 1
+            try:
+                self.engine.add_request(
+                    request_id,
+                    {"prompt_token_ids": req.prompt_token_ids},
+                    self._params if req.seed is None else sampling_params(self.spec, req.seed),
+                )
+            except Exception as exc:  # the engine's own validation rejected this row
+                if not self._alive():
+                    raise EngineFailure(f"engine died: {exc}") from exc
+                pending.results[index] = RowResult(req, error=f"rejected by engine: {exc}")
+                return
+            inflight[request_id] = (pending, index)
+            pending.left += 1
 
         def feed() -> None:
-            nonlocal exhausted
-            while not exhausted and self.engine.get_num_unfinished_requests() < self.low_water:
-                unit = next(source, None)
+            while self.engine.get_num_unfinished_requests() < self.low_water:
+                unit = source.next_unit()
                 if unit is None:
-                    exhausted = True
                     return
                 pending = _Pending(unit, [None] * len(unit.rows))
+                open_units.append(pending)
                 for i, req in enumerate(unit.rows):
                     if req.error is not None:
                         pending.results[i] = RowResult(req, error=req.error)
                     else:
-                        self._submit(pending, i, req)
-                open_units.append(pending)
+                        submit(pending, i, req)
 
         def finished() -> Iterator[UnitResult]:
             # Any unit whose rows are all back, in whatever order they finish: committing
@@ -221,32 +268,42 @@ class Engine:
                 open_units.remove(p)
                 yield UnitResult(p.unit, list(p.results), self.k, self.method)
 
-        feed()
-        yield from finished()
         try:
-            while self._inflight or not exhausted:
-                if not self._inflight:
-                    feed()
-                    yield from finished()
-                    continue
-                for out in self.engine.step():
-                    if not out.finished:
-                        continue
-                    pending, index = self._inflight.pop(out.request_id)
-                    pending.results[index] = _row_result(pending.unit.rows[index], out)
-                    pending.left -= 1
+            while not should_abort():
                 feed()
                 yield from finished()
-        except GeneratorExit:
-            # The consumer stopped early (a signal, an error): drop what is still running.
-            if self._inflight:
-                self.engine.abort_request(list(self._inflight))
-            raise
+                if not inflight:
+                    if source.exhausted():
+                        return
+                    source.wait()
+                    continue
+                self._steps += 1
+                _maybe_inject_crash(self._steps)
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:
+                    raise EngineFailure(f"engine step failed: {exc!r}") from exc
+                for out in outputs:
+                    if not out.finished:
+                        continue
+                    pending, index = inflight.pop(out.request_id)
+                    pending.results[index] = _row_result(pending.unit.rows[index], out)
+                    pending.left -= 1
+        finally:
+            # Stopped early (abort, failure, consumer gone): drop what is still running.
+            if inflight and self._alive():
+                with contextlib.suppress(Exception):
+                    self.engine.abort_request(list(inflight))
+
+    def _alive(self) -> bool:
+        resources = getattr(getattr(self.engine, "engine_core", None), "resources", None)
+        return not getattr(resources, "engine_dead", False)
 
     def close(self) -> None:
         """Stop the engine's processes and free its memory before another engine starts."""
         engine_core = getattr(self.engine, "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):
-            engine_core.shutdown()
+            with contextlib.suppress(Exception):  # a dead engine may fail its shutdown
+                engine_core.shutdown()
         del self.llm, self.engine
         gc.collect()

@@ -1,42 +1,74 @@
-"""The worker loop: plan, skip what is committed, generate the rest, commit unit by unit.
+"""The worker loop: claim units, generate, commit, release; survive engine deaths and signals.
 
-Data flows one way: spec -> preflight (checks, plan) -> prompt builder -> engine -> writer.
-Everything a later run needs to know lives in the output directory (manifest, parts), so a
-rerun picks up exactly the units that have no part yet.
+Data flows one way: spec -> preflight (checks, plan) -> claim (lease) -> prompt builder ->
+engine -> writer (atomic part) -> release. Everything another worker or a later run needs lives
+in the output directory (manifest, leases, parts, failure records), so any number of workers,
+started anywhere at any time, pick up exactly the units that have no part yet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
+import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from batchspec.checks import Preflight, preflight
-from batchspec.engine import Engine
+from batchspec.engine import Engine, EngineFailure
 from batchspec.inputs import PromptBuilder, UnitRequests
+from batchspec.leases import Leases
 from batchspec.manifest import claim_output_dir, make_manifest
 from batchspec.planner import WorkUnit
 from batchspec.spec import JobSpec
-from batchspec.writer import commit_part, committed_units, output_schema, unit_table
+from batchspec.writer import commit_part, committed_units, output_schema, part_path, unit_table
 
 RUNS_DIR = "runs"
+FAILED_DIR = "failed"
+RUN_ID_ENV = "BATCHSPEC_RUN_ID"
+WORKER_ENV = "BATCHSPEC_WORKER_INDEX"
+
+
+def run_id() -> str:
+    """Identity of one invocation (all its workers): failed units are skipped within it only."""
+    if os.environ.get(RUN_ID_ENV):
+        return os.environ[RUN_ID_ENV]
+    slurm = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    return f"slurm-{slurm}" if slurm else uuid.uuid4().hex[:12]
+
+
+def worker_name() -> str:
+    parts = [socket.gethostname(), str(os.getpid())]
+    if os.environ.get("SLURM_ARRAY_TASK_ID"):
+        parts.append(f"t{os.environ['SLURM_ARRAY_TASK_ID']}")
+    if os.environ.get(WORKER_ENV):
+        parts.append(f"w{os.environ[WORKER_ENV]}")
+    return "-".join(parts)
 
 
 @dataclass
 class RunStats:
-    """What one invocation did (the whole run's state is in the output directory)."""
+    """What one worker invocation did (the whole run's state is in the output directory)."""
 
     out_dir: str
+    run_id: str
+    worker: str
     units_total: int
     units_skipped: int = 0
     units_committed: int = 0
     units_discarded: int = 0
+    units_failed: int = 0
+    units_abandoned: int = 0
+    engine_failures: int = 0
     rows: int = 0
     error_rows: int = 0
     output_tokens: int = 0
@@ -44,11 +76,153 @@ class RunStats:
     engine_close_s: float = 0.0
     generate_s: float = 0.0
     wall_s: float = 0.0
-    engines: list[dict] = field(default_factory=list)
+    stopped_by_signal: bool = False
+    engines: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def output_tokens_per_s(self) -> float | None:
         return self.output_tokens / self.generate_s if self.generate_s > 0 else None
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT: stop claiming, finish or abandon in-flight units by a deadline."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.deadline: float | None = None
+        self.signal: int | None = None
+
+    def trip(self, signum: int, _frame: object = None) -> None:
+        if self.deadline is None:
+            self.signal = signum
+            self.deadline = time.monotonic() + self.grace_s
+
+    @property
+    def stopping(self) -> bool:
+        return self.deadline is not None
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Handle SIGTERM/SIGINT while inside (main thread only; elsewhere a no-op)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self.trip) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+
+class FailureLog:
+    """``failed/<unit_id>.json``: units given up after repeated engine failures.
+
+    Within one run (``run_id``) a failed unit is skipped; a later run retries it, and its
+    record goes once the unit commits.
+    """
+
+    def __init__(self, out_dir: Path, run: str):
+        self.dir = out_dir / FAILED_DIR
+        self.run = run
+
+    def record(self, unit: WorkUnit, attempts: int, error: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        data = {
+            "unit_id": unit.unit_id,
+            "run_id": self.run,
+            "attempts": attempts,
+            "error": error,
+            "rows": unit.num_rows,
+            "time": time.time(),
+        }
+        tmp = self.dir / f".{unit.unit_id}.{uuid.uuid4().hex[:8]}"
+        tmp.write_text(json.dumps(data) + "\n")
+        os.replace(tmp, self.dir / f"{unit.unit_id}.json")
+
+    def failed_in_this_run(self, unit_id: str) -> bool:
+        try:
+            return json.loads((self.dir / f"{unit_id}.json").read_text())["run_id"] == self.run
+        except (FileNotFoundError, ValueError, KeyError):
+            return False
+
+    def clear(self, unit_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / f"{unit_id}.json").unlink()
+
+
+class ClaimingSource:
+    """The engine's unit source for one K: claims units through leases as the engine needs them.
+
+    Units held by live workers are passed over (they will commit them); units handed back after
+    an engine failure come first.
+    """
+
+    def __init__(
+        self,
+        units: list[WorkUnit],
+        out_dir: Path,
+        leases: Leases,
+        failures: FailureLog,
+        stop: StopFlag,
+    ):
+        self.pending: deque[WorkUnit] = deque(units)
+        self.retry: deque[WorkUnit] = deque()
+        self.out_dir = out_dir
+        self.leases = leases
+        self.failures = failures
+        self.builder: PromptBuilder | None = None
+        """Set once the engine is up: the length check needs its max_model_len."""
+        self.stop = stop
+        self.open: dict[str, WorkUnit] = {}
+        """Units claimed and handed to the engine, not yet committed or given up."""
+
+    def _claim_next(self) -> WorkUnit | None:
+        while self.pending:
+            unit = self.pending.popleft()
+            uid = unit.unit_id
+            if part_path(self.out_dir, uid).exists() or self.failures.failed_in_this_run(uid):
+                continue
+            if not self.leases.try_claim(uid):
+                continue  # a live worker holds it
+            if part_path(self.out_dir, uid).exists():  # committed while we were claiming
+                self.leases.release(uid)
+                continue
+            return unit
+        return None
+
+    def has_work(self) -> bool:
+        """Claim ahead (without building) so no engine starts for units others hold."""
+        if self.retry:
+            return True
+        unit = self._claim_next()
+        if unit is None:
+            return False
+        self.retry.appendleft(unit)
+        return True
+
+    def next_unit(self) -> UnitRequests | None:
+        if self.stop.stopping:
+            return None
+        unit = self.retry.popleft() if self.retry else self._claim_next()
+        if unit is None:
+            return None
+        self.open[unit.unit_id] = unit
+        assert self.builder is not None
+        return self.builder.build(unit)
+
+    def exhausted(self) -> bool:
+        return self.stop.stopping or (not self.pending and not self.retry)
+
+    def wait(self) -> None:
+        time.sleep(0.05)
+
+    def done(self, unit_id: str) -> None:
+        self.open.pop(unit_id, None)
+        self.leases.release(unit_id)
 
 
 def _group_by_k(spec: JobSpec, units: list[WorkUnit]) -> dict[int, list[WorkUnit]]:
@@ -58,92 +232,167 @@ def _group_by_k(spec: JobSpec, units: list[WorkUnit]) -> dict[int, list[WorkUnit
     return groups
 
 
-def _load_tokenizer(pre: Preflight, spec: JobSpec):
+def _load_tokenizer(pre: Preflight, spec: JobSpec) -> Any:
     from transformers import AutoTokenizer
 
     path = spec.resolve(spec.model.tokenizer) if spec.model.tokenizer else pre.target_dir
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def run_job(spec: JobSpec, limit: int | None = None, progress: bool = True) -> RunStats:
-    """Generate every unit of the job that has no committed part yet."""
-    started = time.perf_counter()
+class Worker:
+    """One worker of a run: every unit of the plan that it can claim, K group by K group."""
+
+    def __init__(self, spec: JobSpec, pre: Preflight, progress: bool):
+        self.spec = spec
+        self.pre = pre
+        self.out_dir = spec.output_dir
+        self.run_id = run_id()
+        ex = spec.execution
+        self.leases = Leases(self.out_dir, worker_name(), ex.lease_timeout_s, ex.heartbeat_s)
+        self.failures = FailureLog(self.out_dir, self.run_id)
+        self.stop = StopFlag(ex.shutdown_grace_s)
+        types = pre.column_types
+        self.schema = output_schema(
+            types[spec.input.id_column], {c: types[c] for c in spec.input.passthrough_columns}
+        )
+        self.tokenizer = _load_tokenizer(pre, spec)
+        self.attempts: dict[str, int] = {}
+        self.progress = progress
+
+    def run(self, todo: list[WorkUnit], stats: RunStats) -> None:
+        bar = tqdm(
+            total=sum(u.num_rows for u in todo),
+            unit="row",
+            disable=not self.progress,
+            dynamic_ncols=True,
+            desc="generating",
+        )
+        self.leases.start()
+        try:
+            with self.stop.installed():
+                for k, units in sorted(_group_by_k(self.spec, todo).items()):
+                    if self.stop.stopping:
+                        break
+                    self._run_group(k, units, stats, bar)
+        finally:
+            self.leases.stop()
+            self.leases.release_all()
+            bar.close()
+            stats.stopped_by_signal = self.stop.stopping
+
+    def _run_group(self, k: int, units: list[WorkUnit], stats: RunStats, bar: tqdm) -> None:
+        """All claimable units of one K, rebuilding the engine after a failure."""
+        source = None
+        while not self.stop.stopping:
+            if source is None:
+                source = ClaimingSource(units, self.out_dir, self.leases, self.failures, self.stop)
+            if not source.has_work():
+                return
+            engine = Engine(self.spec, k)
+            stats.engine_build_s += engine.build_s
+            source.builder = PromptBuilder(
+                self.spec.input, self.tokenizer, engine.max_model_len, self.spec.sampling.seed
+            )
+            record = {
+                "method": engine.method,
+                "num_speculative_tokens": k,
+                "build_s": round(engine.build_s, 3),
+                "units": 0,
+                "output_tokens": 0,
+            }
+            started = time.perf_counter()
+            failure = None
+            try:
+                for result in engine.run(source, self.stop.expired):
+                    tokens = self._commit(result, source, stats)
+                    record["units"] += 1
+                    record["output_tokens"] += tokens
+                    bar.update(len(result.results))
+            except EngineFailure as exc:
+                failure = str(exc)
+            finally:
+                gen_s = time.perf_counter() - started
+                engine.close()
+                stats.engine_close_s += time.perf_counter() - started - gen_s
+                stats.generate_s += gen_s
+                record["generate_s"] = round(gen_s, 3)
+                stats.engines.append(record)
+            if failure is None:
+                if source.open:  # aborted at the shutdown deadline: hand the units back
+                    stats.units_abandoned += len(source.open)
+                    for uid in list(source.open):
+                        source.done(uid)
+                return
+            self._after_failure(source, failure, stats)
+
+    def _after_failure(self, source: ClaimingSource, error: str, stats: RunStats) -> None:
+        """Units in flight when the engine died: retry them, or give up after max attempts."""
+        stats.engine_failures += 1
+        stats.engines[-1]["failure"] = error
+        for uid, unit in list(source.open.items()):
+            source.open.pop(uid)
+            if self.stop.stopping:  # the signal may have taken the engine down with it
+                stats.units_abandoned += 1
+                self.leases.release(uid)
+                continue
+            self.attempts[uid] = self.attempts.get(uid, 0) + 1
+            if self.attempts[uid] >= self.spec.execution.max_unit_attempts:
+                self.failures.record(unit, self.attempts[uid], error)
+                stats.units_failed += 1
+                self.leases.release(uid)
+            else:
+                source.retry.append(unit)
+
+    def _commit(self, result, source: ClaimingSource, stats: RunStats) -> int:
+        unit_id = result.unit_requests.unit.unit_id
+        if commit_part(self.out_dir, unit_id, unit_table(result, self.schema)):
+            stats.units_committed += 1
+            self.failures.clear(unit_id)
+        else:
+            stats.units_discarded += 1
+        source.done(unit_id)
+        tokens = sum(r.num_output_tokens or 0 for r in result.results)
+        stats.rows += len(result.results)
+        stats.error_rows += sum(r.error is not None for r in result.results)
+        stats.output_tokens += tokens
+        return tokens
+
+
+def prepare_run(spec: JobSpec, limit: int | None) -> tuple[Preflight, list[WorkUnit]]:
+    """Check everything, bind the output directory to this run, list the uncommitted units."""
     pre = preflight(spec, limit)
+    claim_output_dir(spec.output_dir, make_manifest(spec, pre.files, limit, pre.units))
+    done = committed_units(spec.output_dir)
+    return pre, [u for u in pre.units if u.unit_id not in done]
+
+
+def run_job(spec: JobSpec, limit: int | None = None, progress: bool = True) -> RunStats:
+    """Run one worker over the job: generate every unit that has no part and that it can claim."""
+    started = time.perf_counter()
+    pre, todo = prepare_run(spec, limit)
     out_dir = spec.output_dir
-    claim_output_dir(out_dir, make_manifest(spec, pre.files, limit, pre.units))
-    done = committed_units(out_dir)
-    todo = [u for u in pre.units if u.unit_id not in done]
-    stats = RunStats(str(out_dir), len(pre.units), units_skipped=len(pre.units) - len(todo))
+    stats = RunStats(
+        str(out_dir),
+        run_id(),
+        worker_name(),
+        len(pre.units),
+        units_skipped=len(pre.units) - len(todo),
+    )
     if not todo:
         stats.wall_s = time.perf_counter() - started
         return stats
-
-    types = pre.column_types
-    schema = output_schema(
-        types[spec.input.id_column], {c: types[c] for c in spec.input.passthrough_columns}
-    )
-    tokenizer = _load_tokenizer(pre, spec)
-    bar = tqdm(
-        total=sum(u.num_rows for u in todo),
-        unit="row",
-        disable=not progress,
-        dynamic_ncols=True,
-        desc="generating",
-    )
     try:
-        for k, units in sorted(_group_by_k(spec, todo).items()):
-            engine = Engine(spec, k)
-            stats.engine_build_s += engine.build_s
-            builder = PromptBuilder(spec.input, tokenizer, engine.max_model_len, spec.sampling.seed)
-
-            def requests(
-                units: list[WorkUnit] = units, builder: PromptBuilder = builder
-            ) -> Iterator[UnitRequests]:
-                for unit in units:
-                    yield builder.build(unit)
-
-            gen_started = time.perf_counter()
-            tokens = 0
-            try:
-                for result in engine.run(requests()):
-                    table = unit_table(result, schema)
-                    unit_id = result.unit_requests.unit.unit_id
-                    if commit_part(out_dir, unit_id, table):
-                        stats.units_committed += 1
-                    else:
-                        stats.units_discarded += 1
-                    n_tok = sum(r.num_output_tokens or 0 for r in result.results)
-                    tokens += n_tok
-                    stats.rows += len(result.results)
-                    stats.error_rows += sum(r.error is not None for r in result.results)
-                    bar.update(len(result.results))
-            finally:
-                gen_s = time.perf_counter() - gen_started
-                engine.close()
-                stats.engine_close_s += time.perf_counter() - gen_started - gen_s
-            stats.generate_s += gen_s
-            stats.output_tokens += tokens
-            stats.engines.append(
-                {
-                    "method": engine.method,
-                    "num_speculative_tokens": k,
-                    "units": len(units),
-                    "build_s": round(engine.build_s, 3),
-                    "generate_s": round(gen_s, 3),
-                    "output_tokens": tokens,
-                }
-            )
+        Worker(spec, pre, progress).run(todo, stats)
     finally:
-        bar.close()
         stats.wall_s = time.perf_counter() - started
         _log_run(out_dir, stats)
     return stats
 
 
 def _log_run(out_dir: Path, stats: RunStats) -> None:
-    """One JSON file per invocation under runs/: what it did, for reports and debugging."""
+    """One JSON file per worker invocation under runs/: what it did, for reports and debugging."""
     runs = out_dir / RUNS_DIR
     runs.mkdir(parents=True, exist_ok=True)
-    name = f"{time.strftime('%Y%m%dT%H%M%S')}-{socket.gethostname()}-{os.getpid()}.json"
+    name = f"{time.strftime('%Y%m%dT%H%M%S')}-{stats.worker}.json"
     data = asdict(stats) | {"output_tokens_per_s": stats.output_tokens_per_s}
     (runs / name).write_text(json.dumps(data, indent=2) + "\n")

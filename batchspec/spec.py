@@ -178,6 +178,33 @@ class SamplingSpec(_Section):
     )
 
 
+class ExecutionSpec(_Section):
+    """How workers cooperate; none of it changes the output, so it is outside the spec hash."""
+
+    lease_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="A lease not renewed for this long is taken over (the holder is presumed "
+        "dead); holders on the same host are checked by process id at once.",
+    )
+    heartbeat_s: float = Field(20.0, gt=0, description="How often a worker renews its leases.")
+    max_unit_attempts: int = Field(
+        3, ge=1, description="Engine failures tolerated per unit before it is marked failed."
+    )
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM/SIGINT: how long to finish units in flight before abandoning "
+        "them (keep it below Slurm's signal lead time).",
+    )
+
+    @model_validator(mode="after")
+    def _beat_faster_than_timeout(self) -> ExecutionSpec:
+        if self.heartbeat_s * 2 > self.lease_timeout_s:
+            raise ValueError("heartbeat_s must be at most half of lease_timeout_s")
+        return self
+
+
 class JobSpec(_Section):
     """A whole job. ``base_dir`` anchors the spec's relative paths (the spec file's folder)."""
 
@@ -186,6 +213,7 @@ class JobSpec(_Section):
     model: ModelSpec
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
     name: str | None = Field(None, description="Job name shown in reports.")
     base_dir: str = Field(".", exclude=True)
 
@@ -214,7 +242,7 @@ class JobSpec(_Section):
 
     def content_hash(self) -> str:
         """Hash of what determines the output; a run dir is tied to it."""
-        data = self.model_dump(mode="json")
+        data = self.model_dump(mode="json", exclude={"execution", "name"})
         data["output"].pop("dir", None)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

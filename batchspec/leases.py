@@ -1,0 +1,184 @@
+"""Leases: how workers that share only a filesystem agree on who generates which unit.
+
+A worker claims a unit by creating ``leases/<unit_id>.lease`` with O_EXCL (atomic on local
+filesystems and NFSv3+), keeps it fresh by touching it (the heartbeat), and removes it once the
+unit's part is committed or given up. A lease is stale, and may be taken over, when its
+heartbeat is older than the timeout, or at once when its holder ran on this host and that
+process is gone (a local rerun after kill -9 need not wait out the timeout).
+
+Leases keep workers from doing the same work; they are not what makes output exactly-once.
+That is the part commit (link to the final name, first wins), so the rare race in which two
+workers both take over one stale lease costs duplicate work, never a duplicate row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+LEASES_DIR = "leases"
+
+
+def _process_start(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease: enough to tell a live holder from a dead one on the same host."""
+
+    worker: str
+    host: str
+    pid: int
+    pid_start: float | None
+
+    @classmethod
+    def me(cls, worker: str) -> Holder:
+        pid = os.getpid()
+        return cls(worker, socket.gethostname(), pid, _process_start(pid))
+
+    def is_dead_here(self) -> bool:
+        """True when this holder ran on this host and its process no longer exists."""
+        if self.host != socket.gethostname():
+            return False
+        start = _process_start(self.pid)
+        return start is None or (self.pid_start is not None and abs(start - self.pid_start) > 1)
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    unit_id: str
+    holder: Holder | None
+    age_s: float
+
+
+class Leases:
+    """This worker's leases in one output directory, with a heartbeat thread."""
+
+    def __init__(self, out_dir: Path, worker: str, timeout_s: float, heartbeat_s: float):
+        self.dir = out_dir / LEASES_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.me = Holder.me(worker)
+        self.timeout_s = timeout_s
+        self.heartbeat_s = heartbeat_s
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._payload = json.dumps(self.me.__dict__).encode()
+
+    def path(self, unit_id: str) -> Path:
+        return self.dir / f"{unit_id}.lease"
+
+    def read(self, unit_id: str) -> LeaseInfo | None:
+        """The lease on a unit, or None if there is none."""
+        path = self.path(unit_id)
+        try:
+            age = time.time() - path.stat().st_mtime
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            holder = Holder(**json.loads(raw))
+        except (ValueError, TypeError):
+            holder = None  # a lease being written right now, or torn by a crash
+        return LeaseInfo(unit_id, holder, age)
+
+    def is_stale(self, info: LeaseInfo) -> bool:
+        if info.age_s > self.timeout_s:
+            return True
+        return info.holder is not None and info.holder.is_dead_here()
+
+    def _create(self, unit_id: str) -> bool:
+        try:
+            fd = os.open(self.path(unit_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, self._payload)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._held.add(unit_id)
+        return True
+
+    def try_claim(self, unit_id: str) -> bool:
+        """Claim a unit that nobody holds, or whose holder is gone; False if it is held."""
+        if self._create(unit_id):
+            return True
+        info = self.read(unit_id)
+        if info is None:
+            return self._create(unit_id)
+        if not self.is_stale(info):
+            return False
+        # Re-read just before removing, so that a lease renewed or retaken meanwhile survives.
+        again = self.read(unit_id)
+        if again is None or again.holder != info.holder or again.age_s < info.age_s - 1:
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            self.path(unit_id).unlink()
+        return self._create(unit_id)
+
+    def release(self, unit_id: str) -> None:
+        """Drop our lease (after commit, or when giving the unit up)."""
+        with self._lock:
+            self._held.discard(unit_id)
+        info = self.read(unit_id)
+        if info is not None and info.holder == self.me:
+            with contextlib.suppress(FileNotFoundError):
+                self.path(unit_id).unlink()
+
+    def release_all(self) -> None:
+        with self._lock:
+            held = list(self._held)
+        for unit_id in held:
+            self.release(unit_id)
+
+    @property
+    def held(self) -> set[str]:
+        with self._lock:
+            return set(self._held)
+
+    def beat(self) -> None:
+        """Touch every lease we hold; one taken over by another worker is forgotten."""
+        for unit_id in self.held:
+            info = self.read(unit_id)
+            if info is None or info.holder != self.me:
+                with self._lock:
+                    self._held.discard(unit_id)
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self.path(unit_id))
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.heartbeat_s):
+                self.beat()
+
+        self._thread = threading.Thread(target=loop, name="lease-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def all(self) -> list[LeaseInfo]:
+        """Every lease in the directory (for status reports)."""
+        infos = []
+        for path in self.dir.glob("*.lease"):
+            info = self.read(path.name[: -len(".lease")])
+            if info is not None:
+                infos.append(info)
+        return infos
