@@ -17,6 +17,9 @@ import click
 
 from batchspec.errors import UserError
 
+# The job ran but some units failed repeatedly (recorded under OUT/failed; a rerun retries).
+EXIT_UNITS_FAILED = 3
+
 
 def _quiet_libraries() -> None:
     """vLLM and transformers log at INFO by default; a batch job wants its own summary only."""
@@ -125,7 +128,10 @@ def run(
 
     spec = _load(job, overrides, output)
     if workers == 1:
-        _print_run(run_job(spec, limit=limit, progress=not no_progress))
+        stats = run_job(spec, limit=limit, progress=not no_progress)
+        _print_run(stats)
+        if stats.units_failed:
+            sys.exit(EXIT_UNITS_FAILED)
         return
     from batchspec.launch import WorkerError, launch
     from batchspec.runner import prepare_run
@@ -150,6 +156,8 @@ def run(
         click.echo(f"batchspec: error: {exc}", err=True)
         sys.exit(1)
     _print_run(stats)
+    if stats.units_failed:
+        sys.exit(EXIT_UNITS_FAILED)
 
 
 @main.command()

@@ -209,9 +209,10 @@ class Engine:
         self.build_s = time.perf_counter() - started
         self.engine = self.llm.llm_engine
         self.max_model_len: int = self.engine.model_config.max_model_len
-        # Top the queue up when fewer than this many requests are unfinished: the scheduler
-        # then always has a full batch waiting while the next unit is being tokenized.
-        self.low_water = 2 * spec.model.max_num_seqs
+        # Feed the next unit as soon as a slot of the batch frees up: the batch stays full
+        # (the new rows are scheduled at the very next step) while as few units as possible
+        # are open at once, which is what a crash loses.
+        self.low_water = spec.model.max_num_seqs
         self._next_id = 0
         self._steps = 0
         self._params = sampling_params(spec)
@@ -289,6 +290,7 @@ class Engine:
                     pending, index = inflight.pop(out.request_id)
                     pending.results[index] = _row_result(pending.unit.rows[index], out)
                     pending.left -= 1
+                    pending.unit.finished += 1
         finally:
             # Stopped early (abort, failure, consumer gone): drop what is still running.
             if inflight and self._alive():

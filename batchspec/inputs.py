@@ -43,6 +43,8 @@ class UnitRequests:
 
     unit: WorkUnit
     rows: list[RowRequest] = field(default_factory=list)
+    finished: int = 0
+    """Rows the engine has finished so far (progress shown in leases and status)."""
 
 
 def required_columns(spec: InputSpec) -> list[str]:
@@ -187,7 +189,9 @@ class PromptBuilder:
                 ids, error = self.encode(data[prompt_col][i])
             except Exception as exc:  # a template or tokenizer failure is this row's problem
                 ids, error = None, f"prompt could not be encoded: {exc}"
-            if ids is not None and len(ids) >= self.max_model_len:
+            # Longer than the context cannot run at all; the engine's own, finer checks (room
+            # for one output token, vocabulary) still apply at submission.
+            if ids is not None and len(ids) > self.max_model_len:
                 error = f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}"
                 ids = None
             seed = None

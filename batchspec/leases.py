@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,9 @@ class Leases:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._payload = json.dumps(self.me.__dict__).encode()
+        self.progress: Callable[[], dict[str, int]] | None = None
+        """Rows finished per held unit, written beside the leases at every heartbeat."""
+        self.progress_path = self.dir / f"{worker}.progress.json"
 
     def path(self, unit_id: str) -> Path:
         return self.dir / f"{unit_id}.lease"
@@ -160,6 +164,11 @@ class Leases:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.utime(self.path(unit_id))
+        if self.progress is not None:
+            data = {"worker": self.me.worker, "time": time.time(), "units": self.progress()}
+            tmp = self.progress_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.progress_path)
 
     def start(self) -> None:
         def loop() -> None:
@@ -173,6 +182,8 @@ class Leases:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        with contextlib.suppress(FileNotFoundError):
+            self.progress_path.unlink()
 
     def all(self) -> list[LeaseInfo]:
         """Every lease in the directory (for status reports)."""

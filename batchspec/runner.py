@@ -177,7 +177,7 @@ class ClaimingSource:
         self.builder: PromptBuilder | None = None
         """Set once the engine is up: the length check needs its max_model_len."""
         self.stop = stop
-        self.open: dict[str, WorkUnit] = {}
+        self.open: dict[str, UnitRequests] = {}
         """Units claimed and handed to the engine, not yet committed or given up."""
 
     def _claim_next(self) -> WorkUnit | None:
@@ -210,9 +210,10 @@ class ClaimingSource:
         unit = self.retry.popleft() if self.retry else self._claim_next()
         if unit is None:
             return None
-        self.open[unit.unit_id] = unit
         assert self.builder is not None
-        return self.builder.build(unit)
+        requests = self.builder.build(unit)
+        self.open[unit.unit_id] = requests
+        return requests
 
     def exhausted(self) -> bool:
         return self.stop.stopping or (not self.pending and not self.retry)
@@ -282,10 +283,9 @@ class Worker:
 
     def _run_group(self, k: int, units: list[WorkUnit], stats: RunStats, bar: tqdm) -> None:
         """All claimable units of one K, rebuilding the engine after a failure."""
-        source = None
+        source = ClaimingSource(units, self.out_dir, self.leases, self.failures, self.stop)
+        self.leases.progress = lambda: {u: r.finished for u, r in list(source.open.items())}
         while not self.stop.stopping:
-            if source is None:
-                source = ClaimingSource(units, self.out_dir, self.leases, self.failures, self.stop)
             if not source.has_work():
                 return
             engine = Engine(self.spec, k)
@@ -329,8 +329,9 @@ class Worker:
         """Units in flight when the engine died: retry them, or give up after max attempts."""
         stats.engine_failures += 1
         stats.engines[-1]["failure"] = error
-        for uid, unit in list(source.open.items()):
+        for uid, requests in list(source.open.items()):
             source.open.pop(uid)
+            unit = requests.unit
             if self.stop.stopping:  # the signal may have taken the engine down with it
                 stats.units_abandoned += 1
                 self.leases.release(uid)
