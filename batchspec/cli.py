@@ -114,6 +114,11 @@ def _print_run(stats) -> None:
     show_default=True,
     help="Worker processes on this node; on GPUs each gets tensor_parallel_size GPUs.",
 )
+@click.option(
+    "--retry-errors",
+    is_flag=True,
+    help="Also generate again the error rows of committed units (kept in OUT/history).",
+)
 @user_errors
 def run(
     job: str,
@@ -122,13 +127,14 @@ def run(
     overrides: tuple[str, ...],
     no_progress: bool,
     workers: int,
+    retry_errors: bool,
 ) -> None:
     """Generate every row of JOB that is not yet in its output directory."""
     from batchspec.runner import run_job
 
     spec = _load(job, overrides, output)
     if workers == 1:
-        stats = run_job(spec, limit=limit, progress=not no_progress)
+        stats = run_job(spec, limit=limit, progress=not no_progress, retry_errors=retry_errors)
         _print_run(stats)
         if stats.units_failed:
             sys.exit(EXIT_UNITS_FAILED)
@@ -136,10 +142,19 @@ def run(
     from batchspec.launch import WorkerError, launch
     from batchspec.runner import prepare_run
 
-    pre, todo = prepare_run(spec, limit)
+    pre, todo, _ = prepare_run(spec, limit, retry_errors)
     args = [job, "--output", str(spec.output_dir), *(f"--set={o}" for o in overrides)]
     if limit is not None:
         args += ["--limit", str(limit)]
+    if retry_errors:
+        args.append("--retry-errors")
+    if not todo:
+        from batchspec.runner import RunStats, run_id, worker_name
+
+        stats = RunStats(str(spec.output_dir), run_id(), worker_name(), len(pre.units))
+        stats.units_skipped = len(pre.units)
+        _print_run(stats)
+        return
     try:
         stats = launch(
             args,

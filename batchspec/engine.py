@@ -12,6 +12,7 @@ import contextlib
 import gc
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -205,9 +206,13 @@ class Engine:
         self.k = k
         self.method = "none" if speculative_config(spec, k) is None else spec.speculative.method
         started = time.perf_counter()
+        before = {p.pid for p in psutil.Process().children()}
         self.llm = LLM(**engine_kwargs(spec, k))
         self.build_s = time.perf_counter() - started
         self.engine = self.llm.llm_engine
+        self._procs = [p for p in psutil.Process().children() if p.pid not in before]
+        self._watchdog_stop = threading.Event()
+        threading.Thread(target=self._watchdog, name="engine-watchdog", daemon=True).start()
         self.max_model_len: int = self.engine.model_config.max_model_len
         # Feed the next unit as soon as a slot of the batch frees up: the batch stays full
         # (the new rows are scheduled at the very next step) while as few units as possible
@@ -299,10 +304,35 @@ class Engine:
 
     def _alive(self) -> bool:
         resources = getattr(getattr(self.engine, "engine_core", None), "resources", None)
-        return not getattr(resources, "engine_dead", False)
+        if getattr(resources, "engine_dead", False):
+            return False
+        for proc in self._procs:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                return False
+        return True
+
+    def _watchdog(self) -> None:
+        """Wake a ``step()`` blocked on a dead engine.
+
+        vLLM 0.32's client notices a dead engine-core process but leaves a caller blocked in
+        ``get_output`` waiting forever; putting the error into the output queue is how vLLM
+        itself forwards errors to that caller.
+        """
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        while not self._watchdog_stop.wait(0.5):
+            if not self._alive():
+                queue = getattr(self.engine.engine_core, "outputs_queue", None)
+                if queue is not None:
+                    queue.put_nowait(EngineDeadError())
+                return
 
     def close(self) -> None:
         """Stop the engine's processes and free its memory before another engine starts."""
+        self._watchdog_stop.set()
         engine_core = getattr(self.engine, "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):
             with contextlib.suppress(Exception):  # a dead engine may fail its shutdown

@@ -45,6 +45,8 @@ class UnitRequests:
     rows: list[RowRequest] = field(default_factory=list)
     finished: int = 0
     """Rows the engine has finished so far (progress shown in leases and status)."""
+    positions: list[int] | None = None
+    """For a retry of error rows: where ``rows`` sit in the unit's committed part."""
 
 
 def required_columns(spec: InputSpec) -> list[str]:
@@ -178,7 +180,8 @@ class PromptBuilder:
             return self._encode_chat([{"role": "user", "content": value}]), None
         return self.tokenizer(value)["input_ids"], None
 
-    def build(self, unit: WorkUnit) -> UnitRequests:
+    def build(self, unit: WorkUnit, positions: list[int] | None = None) -> UnitRequests:
+        """The unit's rows as requests; with ``positions``, only the rows at those positions."""
         spec = self.spec
         table = read_unit_table(unit, self.columns, spec.domain_column)
         prompt_col = spec.prompt_column or spec.messages_column
@@ -208,4 +211,7 @@ class PromptBuilder:
                     seed=seed,
                 )
             )
+        if positions is not None:
+            out.rows = [out.rows[i] for i in positions]
+            out.positions = positions
         return out

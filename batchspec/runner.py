@@ -21,16 +21,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from batchspec.checks import Preflight, preflight
-from batchspec.engine import Engine, EngineFailure
+from batchspec.engine import Engine, EngineFailure, UnitResult
 from batchspec.inputs import PromptBuilder, UnitRequests
 from batchspec.leases import Leases
 from batchspec.manifest import claim_output_dir, make_manifest
 from batchspec.planner import WorkUnit
 from batchspec.spec import JobSpec
-from batchspec.writer import commit_part, committed_units, output_schema, part_path, unit_table
+from batchspec.writer import (
+    commit_part,
+    committed_units,
+    error_positions,
+    output_schema,
+    part_error_positions,
+    part_path,
+    replace_part,
+    unit_table,
+)
 
 RUNS_DIR = "runs"
 FAILED_DIR = "failed"
@@ -171,6 +182,8 @@ class ClaimingSource:
     ):
         self.pending: deque[WorkUnit] = deque(units)
         self.retry: deque[WorkUnit] = deque()
+        self.error_rows: set[str] = set()
+        """Committed units whose error rows are to be generated again (--retry-errors)."""
         self.out_dir = out_dir
         self.leases = leases
         self.failures = failures
@@ -184,11 +197,18 @@ class ClaimingSource:
         while self.pending:
             unit = self.pending.popleft()
             uid = unit.unit_id
-            if part_path(self.out_dir, uid).exists() or self.failures.failed_in_this_run(uid):
+            retrying = uid in self.error_rows
+            if self.failures.failed_in_this_run(uid):
+                continue
+            if not retrying and part_path(self.out_dir, uid).exists():
                 continue
             if not self.leases.try_claim(uid):
                 continue  # a live worker holds it
-            if part_path(self.out_dir, uid).exists():  # committed while we were claiming
+            # Checked again under the lease: another worker may have finished it meanwhile.
+            if retrying and not part_error_positions(self.out_dir, uid):
+                self.leases.release(uid)
+                continue
+            if not retrying and part_path(self.out_dir, uid).exists():
                 self.leases.release(uid)
                 continue
             return unit
@@ -211,7 +231,10 @@ class ClaimingSource:
         if unit is None:
             return None
         assert self.builder is not None
-        requests = self.builder.build(unit)
+        positions = None
+        if unit.unit_id in self.error_rows:
+            positions = part_error_positions(self.out_dir, unit.unit_id)
+        requests = self.builder.build(unit, positions)
         self.open[unit.unit_id] = requests
         return requests
 
@@ -260,7 +283,7 @@ class Worker:
         self.attempts: dict[str, int] = {}
         self.progress = progress
 
-    def run(self, todo: list[WorkUnit], stats: RunStats) -> None:
+    def run(self, todo: list[WorkUnit], stats: RunStats, error_rows: set[str]) -> None:
         bar = tqdm(
             total=sum(u.num_rows for u in todo),
             unit="row",
@@ -274,16 +297,19 @@ class Worker:
                 for k, units in sorted(_group_by_k(self.spec, todo).items()):
                     if self.stop.stopping:
                         break
-                    self._run_group(k, units, stats, bar)
+                    self._run_group(k, units, stats, bar, error_rows)
         finally:
             self.leases.stop()
             self.leases.release_all()
             bar.close()
             stats.stopped_by_signal = self.stop.stopping
 
-    def _run_group(self, k: int, units: list[WorkUnit], stats: RunStats, bar: tqdm) -> None:
+    def _run_group(
+        self, k: int, units: list[WorkUnit], stats: RunStats, bar: tqdm, error_rows: set[str]
+    ) -> None:
         """All claimable units of one K, rebuilding the engine after a failure."""
         source = ClaimingSource(units, self.out_dir, self.leases, self.failures, self.stop)
+        source.error_rows = error_rows
         self.leases.progress = lambda: {u: r.finished for u, r in list(source.open.items())}
         while not self.stop.stopping:
             if not source.has_work():
@@ -344,9 +370,18 @@ class Worker:
             else:
                 source.retry.append(unit)
 
-    def _commit(self, result, source: ClaimingSource, stats: RunStats) -> int:
+    def _commit(self, result: UnitResult, source: ClaimingSource, stats: RunStats) -> int:
         unit_id = result.unit_requests.unit.unit_id
-        if commit_part(self.out_dir, unit_id, unit_table(result, self.schema)):
+        table = unit_table(result, self.schema)
+        positions = result.unit_requests.positions
+        if positions is not None:
+            # A retry of error rows: the new rows take the old ones' places, the rest stays.
+            rows = pq.read_table(part_path(self.out_dir, unit_id)).to_pylist()
+            for pos, row in zip(positions, table.to_pylist(), strict=True):
+                rows[pos] = row
+            replace_part(self.out_dir, unit_id, pa.Table.from_pylist(rows, schema=self.schema))
+            stats.units_committed += 1
+        elif commit_part(self.out_dir, unit_id, table):
             stats.units_committed += 1
             self.failures.clear(unit_id)
         else:
@@ -359,18 +394,25 @@ class Worker:
         return tokens
 
 
-def prepare_run(spec: JobSpec, limit: int | None) -> tuple[Preflight, list[WorkUnit]]:
-    """Check everything, bind the output directory to this run, list the uncommitted units."""
+def prepare_run(
+    spec: JobSpec, limit: int | None, retry_errors: bool = False
+) -> tuple[Preflight, list[WorkUnit], set[str]]:
+    """Check everything, bind the output directory to this run, and list the work left:
+    uncommitted units, plus (``retry_errors``) committed units that hold error rows."""
     pre = preflight(spec, limit)
     claim_output_dir(spec.output_dir, make_manifest(spec, pre.files, limit, pre.units))
     done = committed_units(spec.output_dir)
-    return pre, [u for u in pre.units if u.unit_id not in done]
+    errors = set(error_positions(spec.output_dir)) if retry_errors else set()
+    return pre, [u for u in pre.units if u.unit_id not in done or u.unit_id in errors], errors
 
 
-def run_job(spec: JobSpec, limit: int | None = None, progress: bool = True) -> RunStats:
-    """Run one worker over the job: generate every unit that has no part and that it can claim."""
+def run_job(
+    spec: JobSpec, limit: int | None = None, progress: bool = True, retry_errors: bool = False
+) -> RunStats:
+    """Run one worker over the job: generate every unit that has no part and that it can claim
+    (and, with ``retry_errors``, the error rows of committed units)."""
     started = time.perf_counter()
-    pre, todo = prepare_run(spec, limit)
+    pre, todo, error_rows = prepare_run(spec, limit, retry_errors)
     out_dir = spec.output_dir
     stats = RunStats(
         str(out_dir),
@@ -383,7 +425,7 @@ def run_job(spec: JobSpec, limit: int | None = None, progress: bool = True) -> R
         stats.wall_s = time.perf_counter() - started
         return stats
     try:
-        Worker(spec, pre, progress).run(todo, stats)
+        Worker(spec, pre, progress).run(todo, stats, error_rows)
     finally:
         stats.wall_s = time.perf_counter() - started
         _log_run(out_dir, stats)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,47 @@ def commit_part(out_dir: Path, unit_id: str, table: pa.Table) -> bool:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+HISTORY_DIR = "history"
+
+
+def replace_part(out_dir: Path, unit_id: str, table: pa.Table) -> None:
+    """Swap a committed part for a new version (a retry of its error rows), atomically.
+
+    The old version is kept under history/ first: nothing once committed is lost.
+    """
+    final = part_path(out_dir, unit_id)
+    history = out_dir / HISTORY_DIR
+    history.mkdir(parents=True, exist_ok=True)
+    os.link(final, history / f"{unit_id}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}")
+    tmp = final.parent / f".{unit_id}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def part_error_positions(out_dir: Path, unit_id: str) -> list[int]:
+    """Positions of the error rows in a committed part."""
+    errors = pq.read_table(part_path(out_dir, unit_id), columns=["error"]).column("error")
+    return [i for i, e in enumerate(errors.to_pylist()) if e is not None]
+
+
+def error_positions(out_dir: Path) -> dict[str, list[int]]:
+    """Per committed unit, the positions of its error rows (units without errors left out)."""
+    found = {}
+    for unit_id in sorted(committed_units(out_dir)):
+        positions = part_error_positions(out_dir, unit_id)
+        if positions:
+            found[unit_id] = positions
+    return found
 
 
 def committed_units(out_dir: Path) -> set[str]:

@@ -6,6 +6,7 @@ rows, n-gram speculation with one domain switched off (K=0), then reruns.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import PROMPTS, job_dict, run_cli, write_job
+
+from batchspec.models import embedded_dir
 
 pytestmark = pytest.mark.engine
 
@@ -26,11 +29,31 @@ BAD_ROWS = {
 }
 
 
+def exactly_max_len_messages(max_model_len: int) -> list[dict[str, str]]:
+    """A chat whose templated prompt is exactly max_model_len tokens: it passes batchspec's
+    length check (it fits) but vLLM rejects it (no room for one output token)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(embedded_dir("smollm2-135m-instruct")))
+
+    def length(n: int) -> int:
+        chat = [{"role": "user", "content": "hello" + " hello" * n}]
+        text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    n = max_model_len - length(0)
+    while length(n) > max_model_len:
+        n -= 1
+    assert length(n) == max_model_len
+    return [{"role": "user", "content": "hello" + " hello" * n}]
+
+
 def mixed_input(path: Path) -> pa.Table:
     """PER_DOMAIN prompts of every domain, interleaved, plus one row of each bad kind."""
     table = pl.read_parquet(PROMPTS)
     picked = table.group_by("domain", maintain_order=True).head(PER_DOMAIN)
     rows = picked.sort("id").to_dicts()
+    BAD_ROWS["bad-engine"] = exactly_max_len_messages(1024)
     for i, (row_id, messages) in enumerate(BAD_ROWS.items()):
         rows.insert(
             5 * i + 3,
@@ -72,6 +95,8 @@ def test_bad_rows_become_error_rows(ngram_run) -> None:
     assert "not a non-empty list" in errors["bad-null"]
     assert "'robot'" in errors["bad-role"]
     assert "max_model_len is 1024" in errors["bad-long"]
+    assert errors["bad-engine"].startswith("rejected by engine: ")
+    assert "1024" in errors["bad-engine"]
     bad = out.filter(pl.col("error").is_not_null())
     assert bad["generated_text"].null_count() == bad.height
     good = out.filter(pl.col("error").is_null())
@@ -175,3 +200,21 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path: Path) -> None:
     assert out["num_draft_tokens"].sum() > 0
     assert (out["num_accepted_tokens"] == out["num_draft_tokens"]).all()
     assert set(out["acceptance_rate"]) == {1.0}
+
+
+def test_retry_errors_regenerates_only_error_rows(ngram_run) -> None:
+    path, source, before, _ = ngram_run
+    out = path.parent / "out"
+    result = run_cli("run", str(path), "--retry-errors", "--no-progress")
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = sorted((out / "runs").glob("*.json"))
+    last = json.loads(logs[-1].read_text())
+    n_errors = before["error"].is_not_null().sum()
+    assert last["rows"] == n_errors  # only the error rows went through the engine again
+    after = pl.read_parquet(out / "parts" / "*.parquet")
+    assert after.height == source.num_rows and after["id"].n_unique() == after.height
+    # Rows that were fine are untouched; the error rows (deterministic here) fail the same way.
+    key = ["id", "generated_text", "error"]
+    assert after.select(key).sort("id").equals(before.select(key).sort("id"))
+    units_with_errors = before.filter(pl.col("error").is_not_null())["unit_id"].n_unique()
+    assert len(list((out / "history").iterdir())) == units_with_errors
