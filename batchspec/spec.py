@@ -241,9 +241,22 @@ class JobSpec(_Section):
         return files
 
     def content_hash(self) -> str:
-        """Hash of what determines the output; a run dir is tied to it."""
-        data = self.model_dump(mode="json", exclude={"execution", "name"})
-        data["output"].pop("dir", None)
+        """Hash of what decides the rows and their distribution; a run dir is tied to it.
+
+        How fast they are generated is left out (speculation method and K, batch size, memory,
+        graph capture, execution settings): speculative decoding does not change the target's
+        output distribution, so K may change between runs, and within one as the controller
+        tunes it. Every row records the method and K it was generated with.
+        """
+        data = self.model_dump(
+            mode="json",
+            include={
+                "input": True,
+                "output": {"unit_rows"},
+                "model": {"model", "tokenizer", "dtype", "max_model_len", "seed"},
+                "sampling": True,
+            },
+        )
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
