@@ -72,7 +72,13 @@ def main() -> None:
 
 def _print_run(stats) -> None:
     """The one-screen summary: this invocation, then everything committed, per domain."""
-    from batchspec.report import domain_table, format_domain_table, read_output
+    from batchspec.report import (
+        controller_view,
+        domain_table,
+        format_domain_table,
+        read_output,
+        with_controller,
+    )
 
     out = Path(stats.out_dir)
     click.echo(f"output: {out}")
@@ -98,7 +104,7 @@ def _print_run(stats) -> None:
         click.echo("note: " + "; ".join(notes))
     df = read_output(out)
     click.echo(f"committed: {df.height} rows in {stats.units_total} units")
-    click.echo(format_domain_table(domain_table(df)))
+    click.echo(format_domain_table(with_controller(domain_table(df), controller_view(out))))
 
 
 @main.command()
@@ -204,15 +210,58 @@ def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @user_errors
 def report(out_dir: str) -> None:
-    """Per-domain table of a run's committed output."""
-    from batchspec.report import domain_table, format_domain_table, read_output
+    """Per-domain table of a run's committed output and of the K controller's view."""
+    from batchspec.report import (
+        controller_view,
+        domain_table,
+        format_domain_table,
+        read_output,
+        with_controller,
+    )
 
     path = Path(out_dir)
     if not path.is_dir():
         raise UserError(f"{out_dir}: no such output directory")
     df = read_output(path)
+    view = controller_view(path)
     click.echo(f"{path}: {df.height} rows committed")
-    click.echo(format_domain_table(domain_table(df)))
+    if view is not None:
+        click.echo(f"K controller at batch {view[0]}: alpha per token, chosen K, tokens/s there")
+    click.echo(format_domain_table(with_controller(domain_table(df), view)))
+
+
+@main.command()
+@job_argument
+@click.option("--output", type=click.Path(file_okay=False), help="Output dir (tuning.json).")
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1),
+    default=24,
+    show_default=True,
+    help="Rows per domain measured at each K.",
+)
+@click.option("--batch", "batches", help="Comma list of max_num_seqs to sweep (default: job's).")
+@set_option
+@user_errors
+def tune(
+    job: str, output: str | None, sample: int, batches: str | None, overrides: tuple[str, ...]
+) -> None:
+    """Measure tokens/s and acceptance per domain for every K of the grid; write tuning.json."""
+    from batchspec.controller import tuning_path
+    from batchspec.tune import tune as run_tune
+
+    spec = _load(job, overrides, output)
+    try:
+        sizes = [int(b) for b in batches.split(",")] if batches else [spec.model.max_num_seqs]
+    except ValueError:
+        raise UserError(f"--batch {batches!r}: expected a comma list of integers") from None
+    path = tuning_path(spec.output_dir)
+    click.echo(
+        f"tuning {spec.speculative.method} K in {spec.speculative.k_grid} at batch "
+        f"{sizes}, {sample} rows per domain"
+    )
+    run_tune(spec, sample, sizes, path, echo=click.echo)
+    click.echo(f"tuning file: {path} (batchspec run on this output directory uses it)")
 
 
 @main.group()

@@ -19,6 +19,7 @@ chosen from measured step times (interpolated between measured K, never assumed)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -289,3 +290,80 @@ def tuning_observations(tuning: dict[str, Any], batch: int) -> list[dict[str, An
         if entry["batch"] == batch:
             return entry["observations"]
     return []
+
+
+class KPolicy:
+    """K per domain for one worker: the spec's fixed K, or the adaptive controller.
+
+    The controller starts from the tuning file (if it was made for this method), takes every
+    unit this worker commits, and every so often the units other workers shared.
+    """
+
+    def __init__(self, spec: Any, out_dir: Path, worker: str):
+        s = spec.speculative
+        self.spec = spec
+        self.adaptive = s.adaptive and s.method != "none"
+        self.ctl = Controller(
+            spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.per_domain
+        )
+        self.shared = SharedStats(out_dir, worker)
+        self.tuned = False
+        tuning = read_tuning(tuning_path(out_dir)) if self.adaptive else None
+        if tuning is not None and tuning.get("method") == s.method:
+            self.ctl.load_observations(tuning_observations(tuning, spec.model.max_num_seqs))
+            self.tuned = True
+        self.refresh()
+
+    def refresh(self) -> None:
+        if self.adaptive:
+            for ob in self.shared.read_new():
+                self.ctl.add(ob)
+
+    def k_for(self, domain: str | None) -> int:
+        if not self.adaptive:
+            return self.spec.speculative.k_for(domain)
+        return self.ctl.choose(domain).k
+
+    def observe(self, ob: Observation) -> None:
+        if self.adaptive:
+            self.ctl.add(ob)
+            self.shared.append(ob)
+
+    def switch_pays(
+        self, current_k: int, new_k: int, domains: dict[str | None, int], build_s: float
+    ) -> bool:
+        """Whether building an engine at ``new_k`` beats running these rows at ``current_k``.
+
+        ``domains`` maps domain to rows left. Time saved = tokens / (batch x rate) at the
+        current K minus the same at the new K; it must exceed the measured engine start.
+        """
+        batch = self.ctl.batch
+        saved = 0.0
+        for domain, rows in domains.items():
+            old, new = self.ctl.rate(domain, current_k), self.ctl.rate(domain, new_k)
+            if old is None or new is None:
+                return True  # unmeasured: follow the plan, which will measure it
+            tokens = rows * self.tokens_per_row(domain)
+            saved += tokens / (batch * old) - tokens / (batch * new)
+        return saved > build_s
+
+    def tokens_per_row(self, domain: str | None) -> float:
+        rows = tokens = 0
+        for (d, _), ob in self.ctl.obs.items():
+            if d == domain:
+                rows += ob.rows
+                tokens += ob.output_tokens
+        return tokens / rows if rows else float(self.spec.sampling.max_tokens)
+
+    def explores(self, unit_id: str, domain: str | None, engine_k: int) -> bool:
+        """Run this unit at ``engine_k``, a grid neighbour of its domain's K, to measure it."""
+        if not self.adaptive or domain in self.spec.speculative.per_domain:
+            return False
+        grid = self.ctl.k_grid
+        best = self.k_for(domain)
+        if best not in grid or engine_k not in grid:
+            return False
+        if abs(grid.index(best) - grid.index(engine_k)) != 1:
+            return False
+        digest = int(hashlib.sha1(unit_id.encode()).hexdigest()[:8], 16)
+        return digest / 0xFFFFFFFF < self.spec.speculative.explore

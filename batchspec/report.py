@@ -6,6 +6,13 @@ from pathlib import Path
 
 import polars as pl
 
+from batchspec.controller import (
+    Controller,
+    SharedStats,
+    read_tuning,
+    tuning_observations,
+    tuning_path,
+)
 from batchspec.writer import PARTS_DIR
 
 
@@ -48,6 +55,46 @@ def domain_table(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def controller_view(out_dir: Path) -> tuple[int, dict[str | None, tuple[int, float | None]]] | None:
+    """What the K controller makes of a run's measurements (its units and tuning file).
+
+    Returns the batch size and, per domain, the per-token acceptance α, the K it would choose
+    now and the batch's output tokens/s predicted (or measured) at that K; None when nothing
+    was measured.
+    """
+    stats = SharedStats(out_dir, "report")
+    observations = stats.read_new()
+    tuning = read_tuning(tuning_path(out_dir)) or {}
+    batches = [o.batch for o in observations] or [b["batch"] for b in tuning.get("batches", [])]
+    if not batches:
+        return None
+    batch = max(set(batches), key=batches.count)
+    grid = tuning.get("k_grid") or sorted({o.k for o in observations})
+    ctl = Controller(batch, grid, default_k=max(grid))
+    ctl.load_observations(tuning_observations(tuning, batch))
+    for ob in observations:
+        ctl.add(ob)
+    view = {}
+    for domain in sorted({d for d, _ in ctl.obs}, key=lambda d: (d is None, d or "")):
+        choice = ctl.choose(domain)
+        rate = choice.rates.get(choice.k)
+        view[domain] = (choice.alpha, choice.k, rate * batch if rate is not None else None)
+    return batch, view
+
+
+def with_controller(table: pl.DataFrame, view) -> pl.DataFrame:
+    """The domain table plus the controller's chosen K and tokens/s per domain."""
+    if table.is_empty() or view is None:
+        return table
+    _, per_domain = view
+    cols = {"alpha": pl.Float64, "chosen_k": pl.Int64, "tokens_per_s": pl.Float64}
+    domains = table["domain"].to_list()
+    return table.with_columns(
+        pl.Series(name, [per_domain.get(d, (None,) * 3)[i] for d in domains], dtype=typ)
+        for i, (name, typ) in enumerate(cols.items())
+    )
+
+
 def _fmt(value: object, digits: int = 2) -> str:
     if value is None:
         return "-"
@@ -62,21 +109,26 @@ def format_domain_table(table: pl.DataFrame) -> str:
     """A fixed-width text table, one line per domain plus a total line."""
     if table.is_empty():
         return "(no rows committed)"
-    header = ["domain", "rows", "errors", "out_tok", "alpha", "mean_acc_len", "K", "row_tok/s"]
+    header = ["domain", "rows", "errors", "out_tok", "acc_rate", "mean_acc_len", "K_used"]
+    header.append("row_tok/s")
+    controlled = "chosen_k" in table.columns
+    if controlled:
+        header += ["alpha", "chosen_K", "tok/s"]
     lines = []
     for r in table.iter_rows(named=True):
-        lines.append(
-            [
-                _fmt(r["domain"]),
-                _fmt(r["rows"]),
-                _fmt(r["errors"]),
-                _fmt(r["output_tokens"]),
-                _fmt(r["acceptance_rate"]),
-                _fmt(r["mean_acceptance_length"]),
-                _fmt(r["k_used"]),
-                _fmt(r["row_tokens_per_s"], 1),
-            ]
-        )
+        line = [
+            _fmt(r["domain"]),
+            _fmt(r["rows"]),
+            _fmt(r["errors"]),
+            _fmt(r["output_tokens"]),
+            _fmt(r["acceptance_rate"]),
+            _fmt(r["mean_acceptance_length"]),
+            _fmt(r["k_used"]),
+            _fmt(r["row_tokens_per_s"], 1),
+        ]
+        if controlled:
+            line += [_fmt(r["alpha"]), _fmt(r["chosen_k"]), _fmt(r["tokens_per_s"], 1)]
+        lines.append(line)
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
 
     def row(cells: list[str]) -> str:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from batchspec.checks import Preflight, preflight
+from batchspec.controller import KPolicy, Observation
 from batchspec.engine import Engine, EngineFailure, UnitResult
 from batchspec.inputs import PromptBuilder, UnitRequests
 from batchspec.leases import Leases
@@ -249,14 +250,7 @@ class ClaimingSource:
         self.leases.release(unit_id)
 
 
-def _group_by_k(spec: JobSpec, units: list[WorkUnit]) -> dict[int, list[WorkUnit]]:
-    groups: dict[int, list[WorkUnit]] = {}
-    for unit in units:
-        groups.setdefault(spec.speculative.k_for(unit.domain), []).append(unit)
-    return groups
-
-
-def _load_tokenizer(pre: Preflight, spec: JobSpec) -> Any:
+def load_tokenizer(pre: Preflight, spec: JobSpec) -> Any:
     from transformers import AutoTokenizer
 
     path = spec.resolve(spec.model.tokenizer) if spec.model.tokenizer else pre.target_dir
@@ -279,9 +273,10 @@ class Worker:
         self.schema = output_schema(
             types[spec.input.id_column], {c: types[c] for c in spec.input.passthrough_columns}
         )
-        self.tokenizer = _load_tokenizer(pre, spec)
+        self.tokenizer = load_tokenizer(pre, spec)
         self.attempts: dict[str, int] = {}
         self.progress = progress
+        self.policy = KPolicy(spec, self.out_dir, self.leases.me.worker)
 
     def run(self, todo: list[WorkUnit], stats: RunStats, error_rows: set[str]) -> None:
         bar = tqdm(
@@ -292,30 +287,88 @@ class Worker:
             desc="generating",
         )
         self.leases.start()
+        engine: Engine | None = None
         try:
             with self.stop.installed():
-                for k, units in sorted(_group_by_k(self.spec, todo).items()):
-                    if self.stop.stopping:
-                        break
-                    self._run_group(k, units, stats, bar, error_rows)
+                remaining = list(todo)
+                while remaining and not self.stop.stopping:
+                    k, group = self._next_group(remaining, engine)
+                    taken = {u.unit_id for u in group}
+                    remaining = [u for u in remaining if u.unit_id not in taken]
+                    if engine is not None and engine.k != k:
+                        self._close(engine, stats)
+                        engine = None
+                    engine = self._run_group(k, group, stats, bar, error_rows, engine)
         finally:
+            if engine is not None:
+                self._close(engine, stats)
             self.leases.stop()
             self.leases.release_all()
             bar.close()
             stats.stopped_by_signal = self.stop.stopping
 
+    def _next_group(
+        self, remaining: list[WorkUnit], engine: Engine | None
+    ) -> tuple[int, list[WorkUnit]]:
+        """The K to run next and its units, as the policy sees the measurements now.
+
+        The current engine's K goes first; otherwise the K with the most rows left, unless
+        building its engine costs more time than it would save over running its rows on the
+        current engine (then those rows run on the current engine). Units of a domain whose
+        K is a grid neighbour of the engine's now and then ride along, to keep measuring it.
+        """
+        self.policy.refresh()
+        k_of = {d: self.policy.k_for(d) for d in {u.domain for u in remaining}}
+        rows_by_k: dict[int, int] = {}
+        for u in remaining:
+            rows_by_k[k_of[u.domain]] = rows_by_k.get(k_of[u.domain], 0) + u.num_rows
+        if engine is not None and engine.k in rows_by_k:
+            k = engine.k
+        else:
+            k = max(rows_by_k, key=lambda x: (rows_by_k[x], -x))
+            if engine is not None:
+                rows = {}
+                for u in remaining:
+                    if k_of[u.domain] == k:
+                        rows[u.domain] = rows.get(u.domain, 0) + u.num_rows
+                if not self.policy.switch_pays(engine.k, k, rows, engine.build_s):
+                    k_of = {d: engine.k if kd == k else kd for d, kd in k_of.items()}
+                    k = engine.k
+        group = [
+            u
+            for u in remaining
+            if k_of[u.domain] == k or self.policy.explores(u.unit_id, u.domain, k)
+        ]
+        return k, group
+
+    def _close(self, engine: Engine, stats: RunStats) -> None:
+        started = time.perf_counter()
+        engine.close()
+        stats.engine_close_s += time.perf_counter() - started
+
     def _run_group(
-        self, k: int, units: list[WorkUnit], stats: RunStats, bar: tqdm, error_rows: set[str]
-    ) -> None:
-        """All claimable units of one K, rebuilding the engine after a failure."""
+        self,
+        k: int,
+        units: list[WorkUnit],
+        stats: RunStats,
+        bar: tqdm,
+        error_rows: set[str],
+        engine: Engine | None,
+    ) -> Engine | None:
+        """All claimable units of one K; returns the engine, still up for the next group.
+
+        After an engine failure the units in flight go back to the source and a new engine
+        is built, until they commit or run out of attempts.
+        """
         source = ClaimingSource(units, self.out_dir, self.leases, self.failures, self.stop)
         source.error_rows = error_rows
         self.leases.progress = lambda: {u: r.finished for u, r in list(source.open.items())}
         while not self.stop.stopping:
             if not source.has_work():
-                return
-            engine = Engine(self.spec, k)
-            stats.engine_build_s += engine.build_s
+                return engine
+            if engine is None:
+                engine = Engine(self.spec, k)
+                stats.engine_build_s += engine.build_s
             source.builder = PromptBuilder(
                 self.spec.input, self.tokenizer, engine.max_model_len, self.spec.sampling.seed
             )
@@ -338,8 +391,6 @@ class Worker:
                 failure = str(exc)
             finally:
                 gen_s = time.perf_counter() - started
-                engine.close()
-                stats.engine_close_s += time.perf_counter() - started - gen_s
                 stats.generate_s += gen_s
                 record["generate_s"] = round(gen_s, 3)
                 stats.engines.append(record)
@@ -348,8 +399,11 @@ class Worker:
                     stats.units_abandoned += len(source.open)
                     for uid in list(source.open):
                         source.done(uid)
-                return
+                return engine
+            self._close(engine, stats)
+            engine = None
             self._after_failure(source, failure, stats)
+        return engine
 
     def _after_failure(self, source: ClaimingSource, error: str, stats: RunStats) -> None:
         """Units in flight when the engine died: retry them, or give up after max attempts."""
@@ -387,6 +441,10 @@ class Worker:
         else:
             stats.units_discarded += 1
         source.done(unit_id)
+        ob = Observation(result.unit_requests.unit.domain, result.k, self.spec.model.max_num_seqs)
+        for row in table.to_pylist():
+            ob.add_row(row)
+        self.policy.observe(ob)
         tokens = sum(r.num_output_tokens or 0 for r in result.results)
         stats.rows += len(result.results)
         stats.error_rows += sum(r.error is not None for r in result.results)

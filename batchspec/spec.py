@@ -130,8 +130,25 @@ class SpeculativeSpec(_Section):
     )
     per_domain: dict[str, int] = Field(
         default_factory=dict,
-        description="K per domain, overriding num_speculative_tokens; 0 turns speculation off "
-        "for that domain.",
+        description="K per domain, fixed: overrides num_speculative_tokens and the adaptive "
+        "controller; 0 turns speculation off for that domain.",
+    )
+    adaptive: bool = Field(
+        True,
+        description="Pick K per domain (0 = no speculation) from measured acceptance and step "
+        "cost: a tuning file (batchspec tune) and the run's own units. Starts from "
+        "num_speculative_tokens until measurements say otherwise.",
+    )
+    k_grid: list[int] = Field(
+        default_factory=lambda: [0, 1, 2, 3, 5, 8],
+        description="K values the controller (and batchspec tune) considers.",
+    )
+    explore: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Share of units of a domain run at a neighbouring K when an engine with "
+        "that K is up anyway, to keep measuring it.",
     )
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Further speculative_config keys, passed through."
@@ -144,6 +161,13 @@ class SpeculativeSpec(_Section):
             if not 0 <= k <= 64:
                 raise ValueError(f"K for domain {domain!r} must be in 0..64, got {k}")
         return v
+
+    @field_validator("k_grid")
+    @classmethod
+    def _grid(cls, v: list[int]) -> list[int]:
+        if not v or any(not 0 <= k <= 64 for k in v):
+            raise ValueError("k_grid must be a non-empty list of K in 0..64")
+        return sorted(set(v))
 
     @model_validator(mode="after")
     def _method_needs(self) -> SpeculativeSpec:

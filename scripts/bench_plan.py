@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,9 @@ def plan_child(path: str, unit_rows: int, domain: str | None) -> None:
     started = time.perf_counter()
     units = plan_units([Path(path)], unit_rows, domain)
     seconds = time.perf_counter() - started
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM is this process's own peak; ru_maxrss would also count the parent's at fork.
+    status = Path("/proc/self/status").read_text()
+    peak_mb = int(next(x for x in status.splitlines() if x.startswith("VmHWM")).split()[1]) / 1024
     print(
         json.dumps(
             {

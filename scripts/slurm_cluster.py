@@ -729,11 +729,7 @@ class Cluster:
         while pid > 1 and pid not in ancestors:
             ancestors.add(pid)
             pid = parents.get(pid, 1)
-        marked = {
-            p
-            for p in parents
-            if p not in ancestors and _alive(p) and _has_marker(p, marker)
-        }
+        marked = {p for p in parents if p not in ancestors and _alive(p) and _has_marker(p, marker)}
         found = (marked | _descendants(marked, parents)) - ancestors - (exclude or set())
         # munged carries the marker too, but is stopped last, on its own.
         return {p for p in found if _alive(p) and "munged" not in _cmdline(p)}

@@ -111,9 +111,18 @@ def test_not_a_mapping(tmp_path: Path) -> None:
 
 def test_hash_covers_what_is_generated_not_how_fast(tmp_path: Path) -> None:
     a = load(tmp_path).content_hash()
-    for same in ["output.dir=/elsewhere", "speculative.num_speculative_tokens=5",
-                 "speculative.method=none", "model.max_num_seqs=2", "execution.heartbeat_s=1"]:
+    for same in [
+        "output.dir=/elsewhere",
+        "speculative.num_speculative_tokens=5",
+        "speculative.method=none",
+        "model.max_num_seqs=2",
+        "execution.heartbeat_s=1",
+    ]:
         assert load(tmp_path, [same]).content_hash() == a, same
-    for other in ["sampling.max_tokens=33", "model.dtype=bfloat16", "output.unit_rows=9",
-                  "input.system_prompt=hi"]:
+    for other in [
+        "sampling.max_tokens=33",
+        "model.dtype=bfloat16",
+        "output.unit_rows=9",
+        "input.system_prompt=hi",
+    ]:
         assert load(tmp_path, [other]).content_hash() != a, other

@@ -1,0 +1,131 @@
+"""The K controller's estimator and chooser, on synthetic measurements with known truth."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from batchspec.controller import Controller, DomainModel, Observation, expected_tokens
+
+
+def draw_histogram(alpha: float, k: int, steps: int, rng: random.Random) -> list[int]:
+    """Verify steps with K drafts, each accepted with probability alpha until one fails."""
+    hist = [0] * (k + 1)
+    for _ in range(steps):
+        j = 0
+        while j < k and rng.random() < alpha:
+            j += 1
+        hist[j] += 1
+    return hist
+
+
+def observation(domain: str, k: int, hist: list[int], rate: float, batch: int = 8) -> Observation:
+    accepted = sum(j * c for j, c in enumerate(hist))
+    steps = sum(hist)
+    tokens = steps + accepted
+    return Observation(
+        domain,
+        k,
+        batch,
+        rows=50,
+        output_tokens=tokens,
+        running_s=tokens / rate,
+        accepted=accepted,
+        rejections=sum(hist[:-1]),
+        spec_steps=steps,
+        decode_steps=steps,
+    )
+
+
+@pytest.mark.parametrize("alpha", [0.2, 0.5, 0.8, 0.95])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_estimator_recovers_alpha(alpha: float, k: int) -> None:
+    rng = random.Random(int(alpha * 100) + k)
+    hist = draw_histogram(alpha, k, 4000, rng)
+    ob = observation("d", k, hist, rate=10.0)
+    model = DomainModel(ob.accepted, ob.rejections, ob.spec_steps, ob.decode_steps)
+    # Tolerance: four posterior standard deviations, and never looser than 0.03.
+    assert abs(model.alpha - alpha) <= min(0.03, 4 * model.alpha_std), (model.alpha, alpha)
+    assert model.alpha_std < 0.02
+
+
+def test_estimator_pools_histograms_of_different_k() -> None:
+    rng = random.Random(7)
+    ctl = Controller(8, [0, 1, 3, 5], default_k=3)
+    for k in (1, 3, 5):
+        ctl.add(observation("d", k, draw_histogram(0.6, k, 3000, rng), rate=10.0))
+    assert ctl.domain_model("d").alpha == pytest.approx(0.6, abs=0.02)
+
+
+def costs_observations(
+    alpha: float, step_time, grid: list[int], domain: str = "d", steps: int = 20000
+) -> list[Observation]:
+    """Observations of one domain whose rates follow the model with this step cost per K."""
+    obs = []
+    for k in grid:
+        if k == 0:
+            hist, tps = [steps], 1.0
+            obs.append(
+                Observation(
+                    domain,
+                    0,
+                    8,
+                    rows=50,
+                    output_tokens=steps,
+                    running_s=steps * step_time(0),
+                    decode_steps=steps,
+                )
+            )
+            continue
+        hist = [round(steps * alpha**j * (1 - alpha)) for j in range(k)] + [round(steps * alpha**k)]
+        tps = expected_tokens(alpha, k)
+        obs.append(observation(domain, k, hist, rate=tps / step_time(k)))
+    return obs
+
+
+def test_chooses_no_speculation_when_steps_cost_too_much() -> None:
+    grid = [0, 1, 2, 3, 5, 8]
+    ctl = Controller(64, grid, default_k=3)
+    # Large batch: each draft token costs 60% of a plain step; acceptance 0.5.
+    for ob in costs_observations(0.5, lambda k: 1.0 + 0.6 * k, grid):
+        ob.batch = 64
+        ctl.add(ob)
+    choice = ctl.choose("d")
+    assert choice.k == 0
+    assert choice.rates[0] > max(r for k, r in choice.rates.items() if k)
+
+
+def test_chooses_long_drafts_when_they_are_cheap_and_accepted() -> None:
+    grid = [0, 1, 2, 3, 5, 8]
+    ctl = Controller(8, grid, default_k=3)
+    for ob in costs_observations(0.9, lambda k: 1.0 + 0.02 * k, grid):
+        ctl.add(ob)
+    assert ctl.choose("d").k == 8
+
+
+def test_k_between_measured_points_is_interpolated_never_extrapolated() -> None:
+    ctl = Controller(8, [0, 1, 2, 3, 5, 8], default_k=3)
+    for ob in costs_observations(0.7, lambda k: 1.0 + 0.1 * k, [1, 3]):
+        ctl.add(ob)
+    rates = ctl.choose("d").rates
+    assert set(rates) == {1, 2, 3}  # 2 interpolated; 0, 5 and 8 are not measured
+    assert rates[2] == pytest.approx(
+        expected_tokens(ctl.domain_model("d").alpha, 2) / 1.2, rel=0.02
+    )
+
+
+def test_without_measurements_keeps_the_spec_k_and_fixed_domains_stay() -> None:
+    ctl = Controller(8, [0, 1, 3], default_k=3, fixed={"math": 0})
+    assert ctl.choose("code").k == 3
+    for ob in costs_observations(0.9, lambda k: 1.0 + 0.01 * k, [0, 1, 3], domain="math"):
+        ctl.add(ob)
+    assert ctl.choose("math").k == 0
+
+
+def test_other_batch_sizes_are_ignored() -> None:
+    ctl = Controller(8, [0, 3], default_k=3)
+    for ob in costs_observations(0.1, lambda k: 1.0 + 0.9 * k, [0, 3]):
+        ob.batch = 64
+        ctl.add(ob)
+    assert ctl.obs == {} and ctl.choose("d").k == 3

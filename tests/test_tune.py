@@ -1,0 +1,92 @@
+"""batchspec tune and the K controller on real vLLM: measured sweeps, tuned K in the rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import PROMPTS, job_dict, run_cli, write_job
+
+from batchspec.controller import Observation, tuning_path, write_tuning
+
+pytestmark = pytest.mark.engine
+
+DOMAINS = ["chat", "code", "math", "qa", "summarization", "translation"]
+
+
+def small_job(tmp: Path, per_domain: int, **sections) -> Path:
+    df = pl.read_parquet(PROMPTS).group_by("domain", maintain_order=True).head(per_domain)
+    df.sort("id").write_parquet(tmp / "in.parquet")
+    job = job_dict(tmp / "out", input={"path": str(tmp / "in.parquet")}, **sections)
+    job["output"]["unit_rows"] = 4
+    return write_job(tmp / "job.yaml", job)
+
+
+def test_tune_measures_every_k_of_the_grid(tmp_path: Path) -> None:
+    job = small_job(tmp_path, 4, speculative={"k_grid": [0, 3]}, sampling={"max_tokens": 32})
+    result = run_cli("tune", str(job), "--sample", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "measured output tokens/s per domain and K" in result.stdout
+    data = json.loads(tuning_path(tmp_path / "out").read_text())
+    assert data["method"] == "ngram" and data["k_grid"] == [0, 3]
+    (entry,) = data["batches"]
+    assert entry["batch"] == 8 and sorted(entry["domains"]) == DOMAINS
+    for d in entry["domains"].values():
+        assert set(d["tokens_per_s"]) == {"0", "3"} and all(
+            v > 0 for v in d["tokens_per_s"].values()
+        )
+        assert d["chosen_k"] in (0, 3) and 0 < d["alpha"] < 1
+    assert len(entry["observations"]) == 12
+    assert all(o["rows"] == 4 and o["output_tokens"] > 0 for o in entry["observations"])
+
+
+def fabricated_tuning(path: Path, favour: dict[str, int]) -> None:
+    """A tuning file whose (huge) measurements make K=favour[d] clearly best per domain."""
+    observations = []
+    for domain in DOMAINS:
+        for k in (0, 3):
+            tokens = 1_000_000
+            rate = 20.0 if k == favour[domain] else 10.0
+            observations.append(
+                Observation(
+                    domain,
+                    k,
+                    8,
+                    rows=10_000,
+                    output_tokens=tokens,
+                    running_s=tokens / rate,
+                    accepted=tokens // 3 if k else 0,
+                    rejections=tokens // 6 if k else 0,
+                    spec_steps=tokens // 3 if k else 0,
+                    decode_steps=tokens // 2,
+                ).__dict__
+            )
+    write_tuning(
+        path,
+        {
+            "method": "ngram",
+            "k_grid": [0, 3],
+            "batches": [{"batch": 8, "observations": observations}],
+        },
+    )
+
+
+def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
+    job = small_job(
+        tmp_path, 4, speculative={"k_grid": [0, 3], "explore": 0.0}, sampling={"max_tokens": 16}
+    )
+    favour = {d: 3 if d in ("code", "qa") else 0 for d in DOMAINS}
+    fabricated_tuning(tuning_path(tmp_path / "out"), favour)
+    result = run_cli("run", str(job), "--no-progress")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
+    used = dict(out.group_by("domain").agg(pl.col("num_speculative_tokens").unique()).iter_rows())
+    assert used == {d: [k] for d, k in favour.items()}
+    methods = dict(out.group_by("domain").agg(pl.col("spec_method").unique()).iter_rows())
+    assert methods == {d: ["ngram" if k else "none"] for d, k in favour.items()}
+    assert "chosen_K" in result.stdout
+    # Both engines' units fed the shared measurements the next worker will read.
+    stats = list((tmp_path / "out" / "stats").glob("*.jsonl"))
+    assert len(stats) == 1 and len(stats[0].read_text().splitlines()) == out["unit_id"].n_unique()
