@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -290,6 +290,7 @@ class Cluster:
         *,
         min_job_age: int = 2,
         kill_wait: int = 30,
+        cred_expire: int = 10,
         startup_timeout: float = 60.0,
         extra_conf: Sequence[str] = (),
         keep_dir: bool = False,
@@ -300,6 +301,7 @@ class Cluster:
         self.dir = Path(directory).resolve()
         self.min_job_age = min_job_age
         self.kill_wait = kill_wait
+        self.cred_expire = cred_expire
         self.startup_timeout = startup_timeout
         self.extra_conf = list(extra_conf)
         self.keep_dir = keep_dir
@@ -314,6 +316,7 @@ class Cluster:
         self._socket_dir: Path | None = None  # a short-path fallback we created, if any
         self.ctld_port = 0
         self.slurmd_port = 0
+        self.startup_seconds = 0.0  # how long the last start() took
         self._started = False
 
     # -- public ------------------------------------------------------------------------
@@ -372,7 +375,7 @@ class Cluster:
         if self._record_path.exists() or self._children:
             if self._alive_daemons().get("slurmctld"):
                 with contextlib.suppress(Exception):
-                    self.cancel_all(wait=3.0)
+                    self.cancel_all(wait=2.0)  # give jobs their SIGTERM first
             self._stop_processes(timeout)
         self._started = False
         if self._socket_dir is not None:
@@ -458,11 +461,29 @@ class Cluster:
                 raise TimeoutError(f"job {job} still active after {timeout}s: {states}")
             time.sleep(0.5)
         final = self._sacct_states(job) or self.jobcomp_states(job)
-        # A plain job's squeue id is its own; array tasks seen only while pending ("1_[0-3]")
-        # are not tasks.
+        # squeue -r names pending tasks one by one; a "1_[0-3]" line is not a task.
         result = {k: v for k, v in seen.items() if "[" not in k}
         result.update(final)
+        if job in result and any("_" in k for k in result):
+            # An array: the bare id's record stands for tasks that never started (cancelled
+            # while pending); it is the final state of such tasks squeue last saw pending.
+            meta = result.pop(job)
+            for key, state in result.items():
+                if key not in final and state not in FINAL_STATES:
+                    result[key] = meta
         return dict(sorted(result.items(), key=lambda kv: _job_sort_key(kv[0])))
+
+    def _sacct_states(self, job: str) -> dict[str, str]:
+        """Final states from sacct, or {} where accounting is off (the default here)."""
+        result = self.run(["sacct", "-n", "-P", "-X", "-j", job, "-o", "JobID,State"], check=False)
+        if result.returncode != 0:
+            return {}
+        states: dict[str, str] = {}
+        for line in result.stdout.splitlines():
+            jid, _, state = line.partition("|")
+            if state and "[" not in jid:
+                states[jid] = state.split()[0]  # "CANCELLED by 0" -> "CANCELLED"
+        return states
 
     def jobcomp_states(self, job_id: str | int) -> dict[str, str]:
         """Final states of ``job_id`` (and its array tasks) from the jobcomp/filetxt record."""
@@ -534,7 +555,9 @@ class Cluster:
             f"SlurmdPort={self.slurmd_port}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self._munge_socket}",
+            # cred_expire is also how long a requeued job waits before it may start again
+            # (Slurm's default, 120 s, would slow requeue tests down).
+            f"AuthInfo=socket={self._munge_socket},cred_expire={self.cred_expire}",
             f"StateSaveLocation={d / 'state'}",
             f"SlurmdSpoolDir={d / 'spool'}",
             f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}",
@@ -658,8 +681,7 @@ class Cluster:
                     f"{name} exited with {proc.returncode} during startup\n{self.log_tails()}"
                 )
 
-    def _wait_for(self, ready: object, what: str, timeout: float) -> None:
-        assert callable(ready)
+    def _wait_for(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
             self._check_children()
@@ -692,19 +714,17 @@ class Cluster:
     def _stop_processes(self, timeout: float = 10.0) -> None:
         alive = self._alive_daemons()
         marker = f"{MARKER_ENV}={self.dir}".encode()
-        # Slurm daemons first (munged last: slurmd needs it to report jobs ending).
+        daemons = {pid for pid in alive.values() if pid}
+        # Jobs first, hard: slurmstepd and job processes are detached from slurmd (their parent
+        # is init), so nothing else would end them, and a slurmd asked to stop while steps are
+        # still being killed waits for them (KillWait) before it exits.
+        ctld = alive.get("slurmctld")
+        helpers = _descendants([ctld], _parents()) if ctld else set()  # slurmscriptd
+        self._kill_strays(marker, exclude=daemons | helpers)
+        # Then the Slurm daemons; munged last, as they talk to it until they exit.
         slurm = [pid for name, pid in alive.items() if pid and name != "munged"]
-        # Note the job processes before slurmd goes: once it is gone, nothing tracks them.
-        strays = self._strays(marker, exclude=set(slurm))
         _terminate(slurm, timeout)
-        strays |= self._strays(marker)
-        for _ in range(5):  # steps may fork while we kill: sweep until nothing is left
-            if not strays:
-                break
-            for pid in strays:
-                _signal(pid, signal.SIGKILL)
-            _wait_gone(strays, 5.0)
-            strays = self._strays(marker)
+        self._kill_strays(marker)
         munged = [pid for name, pid in alive.items() if pid and name == "munged"]
         _terminate(munged, timeout)
         for proc in self._children.values():
@@ -719,6 +739,16 @@ class Cluster:
             self._record_path.unlink()
         for pid_file in (self.dir / "run").glob("*.pid"):
             pid_file.unlink(missing_ok=True)
+
+    def _kill_strays(self, marker: bytes, exclude: set[int] | None = None) -> None:
+        """SIGKILL what the daemons spawned, sweeping again in case something forked meanwhile."""
+        for _ in range(5):
+            strays = self._strays(marker, exclude)
+            if not strays:
+                return
+            for pid in strays:
+                _signal(pid, signal.SIGKILL)
+            _wait_gone(strays, 5.0)
 
     def _strays(self, marker: bytes, exclude: set[int] | None = None) -> set[int]:
         """Live processes the daemons spawned (slurmstepd, job tasks) and their descendants."""

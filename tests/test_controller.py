@@ -129,3 +129,32 @@ def test_other_batch_sizes_are_ignored() -> None:
         ob.batch = 64
         ctl.add(ob)
     assert ctl.obs == {} and ctl.choose("d").k == 3
+
+
+def test_switching_engines_must_pay_for_the_engine_start(tmp_path) -> None:
+    from conftest import job_dict, write_job
+
+    from batchspec.controller import KPolicy
+    from batchspec.spec import load_spec
+
+    job = job_dict(tmp_path / "out", speculative={"k_grid": [0, 3]})
+    policy = KPolicy(load_spec(write_job(tmp_path / "job.yaml", job)), tmp_path / "out", "w")
+    # Rows decode at 10 tok/s at K=3 and 20 tok/s at K=0 (batch 8, ~100 tokens per row).
+    for k, rate in ((3, 10.0), (0, 20.0)):
+        policy.ctl.add(
+            Observation(
+                "d",
+                k,
+                8,
+                rows=100,
+                output_tokens=10_000,
+                running_s=10_000 / rate,
+                accepted=3000 if k else 0,
+                rejections=1000 if k else 0,
+                spec_steps=3000 if k else 0,
+                decode_steps=7000,
+            )
+        )
+    # 16 rows: 1600 tokens; 20 s at K=3 vs 10 s at K=0 on a batch of 8: saves 10 s.
+    assert policy.switch_pays(3, 0, {"d": 16}, build_s=5.0)
+    assert not policy.switch_pays(3, 0, {"d": 16}, build_s=25.0)
