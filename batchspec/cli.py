@@ -264,6 +264,146 @@ def tune(
     click.echo(f"tuning file: {path} (batchspec run on this output directory uses it)")
 
 
+@main.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--lease-timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Leases older than this are reported stale.",
+)
+@user_errors
+def status(out_dir: str, lease_timeout: float) -> None:
+    """Units done / leased / pending / failed of a run, and Slurm tasks if it came from Slurm."""
+    _print_status(Path(out_dir), lease_timeout)
+
+
+def _print_status(out: Path, lease_timeout: float) -> None:
+    from batchspec.slurm import submitted_jobs, task_states
+    from batchspec.status import format_status, run_status
+
+    if not out.is_dir():
+        raise UserError(f"{out}: no such output directory")
+    click.echo(format_status(run_status(out, lease_timeout)))
+    for job in submitted_jobs(out):
+        states = task_states(job["job_id"])
+        shown = ", ".join(f"{t}={s}" for t, s in sorted(states.items())) or "no longer known"
+        click.echo(f"slurm job {job['job_id']} ({job['tasks']} tasks): {shown}")
+
+
+@main.group()
+def slurm() -> None:
+    """Run a job as a Slurm array: each array task is one worker of the run."""
+
+
+@slurm.command("submit", context_settings={"ignore_unknown_options": True})
+@job_argument
+@click.option(
+    "--tasks",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Array tasks (workers, on as many nodes as Slurm gives).",
+)
+@click.option(
+    "--gpus-per-task",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="GPUs per task; a task runs gpus/tensor_parallel_size workers.",
+)
+@click.option("--cpus-per-task", type=click.IntRange(min=1), help="CPUs per task.")
+@click.option("--partition", help="Slurm partition.")
+@click.option("--time", "time_limit", help="Time limit per task (Slurm format, e.g. 4:00:00).")
+@click.option("--account", help="Slurm account.")
+@click.option(
+    "--signal-lead",
+    type=click.IntRange(min=1),
+    default=120,
+    show_default=True,
+    help="Seconds before the limit that the task is told to stop.",
+)
+@click.option("--output", type=click.Path(file_okay=False), help="Write here, not output.dir.")
+@limit_option
+@set_option
+@click.option("--dry-run", is_flag=True, help="Print the sbatch script, submit nothing.")
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+@user_errors
+def slurm_submit(
+    job: str,
+    tasks: int,
+    gpus_per_task: int,
+    cpus_per_task: int | None,
+    partition: str | None,
+    time_limit: str | None,
+    account: str | None,
+    signal_lead: int,
+    output: str | None,
+    limit: int | None,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    sbatch_args: tuple[str, ...],
+) -> None:
+    """Submit JOB as an array of TASKS workers; extra SBATCH_ARGS go to sbatch as they are."""
+    from batchspec.checks import preflight
+    from batchspec.runner import prepare_run
+    from batchspec.slurm import SubmitOptions, render_script, submit
+
+    spec = _load(job, overrides, output)
+    tp = spec.model.tensor_parallel_size
+    if gpus_per_task and gpus_per_task % tp:
+        raise UserError(
+            f"--gpus-per-task {gpus_per_task} is not a multiple of model.tensor_parallel_size {tp}"
+        )
+    if spec.execution.shutdown_grace_s >= signal_lead:
+        raise UserError(
+            f"--signal-lead {signal_lead} must exceed execution.shutdown_grace_s "
+            f"{spec.execution.shutdown_grace_s:g}, or the limit kills tasks mid-unit"
+        )
+    opts = SubmitOptions(
+        tasks=tasks,
+        gpus_per_task=gpus_per_task,
+        cpus_per_task=cpus_per_task,
+        partition=partition,
+        time=time_limit,
+        account=account,
+        job_name=spec.name,
+        signal_lead_s=signal_lead,
+        extra=list(sbatch_args),
+    )
+    run_args = [f"--set={o}" for o in overrides]
+    if limit is not None:
+        run_args += ["--limit", str(limit)]
+    script = render_script(
+        Path(job).resolve(), spec.output_dir, run_args, opts, max(1, gpus_per_task // tp)
+    )
+    if dry_run:
+        preflight(spec, limit)  # checked, but the output directory is left alone
+        click.echo(script, nl=False)
+        return
+    # Everything checked and the output directory bound before anything is queued.
+    _, todo, _ = prepare_run(spec, limit)
+    if not todo:
+        click.echo(f"nothing to do: every unit of {spec.output_dir} is committed; not submitted")
+        return
+    job_id = submit(script, spec.output_dir, opts)
+    click.echo(
+        f"submitted job {job_id}: {tasks} tasks, {len(todo)} units left, logs in "
+        f"{spec.output_dir / 'slurm'}"
+    )
+    click.echo(job_id)
+
+
+@slurm.command("status")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--lease-timeout", type=float, default=300.0, show_default=True)
+@user_errors
+def slurm_status(out_dir: str, lease_timeout: float) -> None:
+    """Per-task Slurm state (squeue/sacct) and units done/leased/pending/failed."""
+    _print_status(Path(out_dir), lease_timeout)
+
+
 @main.group()
 def models() -> None:
     """Embedded models: prepare them once into the local cache."""

@@ -64,23 +64,12 @@ class LeaseInfo:
     age_s: float
 
 
-class Leases:
-    """This worker's leases in one output directory, with a heartbeat thread."""
+class LeaseDir:
+    """The leases of one output directory, read-only: for status and for claimants."""
 
-    def __init__(self, out_dir: Path, worker: str, timeout_s: float, heartbeat_s: float):
+    def __init__(self, out_dir: Path, timeout_s: float):
         self.dir = out_dir / LEASES_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.me = Holder.me(worker)
         self.timeout_s = timeout_s
-        self.heartbeat_s = heartbeat_s
-        self._held: set[str] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._payload = json.dumps(self.me.__dict__).encode()
-        self.progress: Callable[[], dict[str, int]] | None = None
-        """Rows finished per held unit, written beside the leases at every heartbeat."""
-        self.progress_path = self.dir / f"{worker}.progress.json"
 
     def path(self, unit_id: str) -> Path:
         return self.dir / f"{unit_id}.lease"
@@ -103,6 +92,33 @@ class Leases:
         if info.age_s > self.timeout_s:
             return True
         return info.holder is not None and info.holder.is_dead_here()
+
+    def all(self) -> list[LeaseInfo]:
+        """Every lease in the directory (for status reports)."""
+        infos = []
+        for path in self.dir.glob("*.lease") if self.dir.is_dir() else []:
+            info = self.read(path.name[: -len(".lease")])
+            if info is not None:
+                infos.append(info)
+        return infos
+
+
+class Leases(LeaseDir):
+    """This worker's leases in one output directory, with a heartbeat thread."""
+
+    def __init__(self, out_dir: Path, worker: str, timeout_s: float, heartbeat_s: float):
+        super().__init__(out_dir, timeout_s)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.me = Holder.me(worker)
+        self.heartbeat_s = heartbeat_s
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._payload = json.dumps(self.me.__dict__).encode()
+        self.progress: Callable[[], dict[str, int]] | None = None
+        """Rows finished per held unit, written beside the leases at every heartbeat."""
+        self.progress_path = self.dir / f"{worker}.progress.json"
 
     def _create(self, unit_id: str) -> bool:
         try:
@@ -184,12 +200,3 @@ class Leases:
             self._thread.join()
         with contextlib.suppress(FileNotFoundError):
             self.progress_path.unlink()
-
-    def all(self) -> list[LeaseInfo]:
-        """Every lease in the directory (for status reports)."""
-        infos = []
-        for path in self.dir.glob("*.lease"):
-            info = self.read(path.name[: -len(".lease")])
-            if info is not None:
-                infos.append(info)
-        return infos

@@ -47,6 +47,8 @@ from batchspec.writer import (
 RUNS_DIR = "runs"
 FAILED_DIR = "failed"
 RUN_ID_ENV = "BATCHSPEC_RUN_ID"
+REVISIT_S = 2.0
+"""How often a worker looks again at units other workers held."""
 WORKER_ENV = "BATCHSPEC_WORKER_INDEX"
 
 
@@ -183,6 +185,9 @@ class ClaimingSource:
     ):
         self.pending: deque[WorkUnit] = deque(units)
         self.retry: deque[WorkUnit] = deque()
+        self.deferred: list[WorkUnit] = []
+        """Units held by other workers when we came by: looked at again later."""
+        self._revisited = time.monotonic()
         self.error_rows: set[str] = set()
         """Committed units whose error rows are to be generated again (--retry-errors)."""
         self.out_dir = out_dir
@@ -195,25 +200,41 @@ class ClaimingSource:
         """Units claimed and handed to the engine, not yet committed or given up."""
 
     def _claim_next(self) -> WorkUnit | None:
-        while self.pending:
-            unit = self.pending.popleft()
-            uid = unit.unit_id
-            retrying = uid in self.error_rows
-            if self.failures.failed_in_this_run(uid):
-                continue
-            if not retrying and part_path(self.out_dir, uid).exists():
-                continue
-            if not self.leases.try_claim(uid):
-                continue  # a live worker holds it
-            # Checked again under the lease: another worker may have finished it meanwhile.
-            if retrying and not part_error_positions(self.out_dir, uid):
-                self.leases.release(uid)
-                continue
-            if not retrying and part_path(self.out_dir, uid).exists():
-                self.leases.release(uid)
-                continue
-            return unit
-        return None
+        while True:
+            while self.pending:
+                unit = self.pending.popleft()
+                claimed = self._try(unit)
+                if claimed is not None:
+                    return claimed
+            # Units other workers held: look again now and then, since a holder that stops
+            # (a signal, a crash) hands them back or lets its lease go stale.
+            if not self.deferred or time.monotonic() - self._revisited < REVISIT_S:
+                return None
+            self.pending.extend(self.deferred)
+            self.deferred.clear()
+            self._revisited = time.monotonic()
+
+    def _try(self, unit: WorkUnit) -> WorkUnit | None:
+        """Claim ``unit`` if it still needs work and nobody live holds it."""
+        uid = unit.unit_id
+        retrying = uid in self.error_rows
+        if self.failures.failed_in_this_run(uid):
+            return None
+        if not retrying and part_path(self.out_dir, uid).exists():
+            return None
+        if not self.leases.try_claim(uid):
+            self.deferred.append(unit)  # a live worker holds it
+            return None
+        # Checked again under the lease: another worker may have finished it meanwhile.
+        done = (
+            not part_error_positions(self.out_dir, uid)
+            if retrying
+            else part_path(self.out_dir, uid).exists()
+        )
+        if done:
+            self.leases.release(uid)
+            return None
+        return unit
 
     def has_work(self) -> bool:
         """Claim ahead (without building) so no engine starts for units others hold."""
@@ -240,7 +261,17 @@ class ClaimingSource:
         return requests
 
     def exhausted(self) -> bool:
-        return self.stop.stopping or (not self.pending and not self.retry)
+        if self.stop.stopping:
+            return True
+        if self.pending or self.retry:
+            return False
+        # Last look at the units others held before this engine goes idle.
+        self._revisited = 0.0
+        unit = self._claim_next()
+        if unit is None:
+            return True
+        self.retry.append(unit)
+        return False
 
     def wait(self) -> None:
         time.sleep(0.05)

@@ -114,6 +114,7 @@ def main() -> None:
                 f"input.path={data}",
                 f"sampling.max_tokens={args.max_tokens}",
                 "speculative.adaptive=true",
+                f"speculative.k_grid={FIXED_K}",
             ],
         )
         batches = (

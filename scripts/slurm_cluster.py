@@ -82,6 +82,7 @@ _CLIENT_PREFIXES = (
     "SCANCEL_",
     "SACCT_",
 )
+_PORT_CLASH = "Address already in use"
 _SUN_PATH_MAX = 100  # AF_UNIX socket paths are limited to 108 bytes; keep a margin.
 
 
@@ -358,8 +359,8 @@ class Cluster:
                 self._start_daemons()
                 self._wait_node_idle(t0 + self.startup_timeout)
             except ClusterError as e:
-                port_clash = "Address already in use" in self.log_tails()
-                self._stop_processes()
+                port_clash = _PORT_CLASH in self.log_tails()
+                self._stop_processes(timeout=2.0)  # slurmd would wait for a dead slurmctld
                 if not port_clash:
                     raise
                 last = e  # another program took a port between choosing and binding it
@@ -680,6 +681,11 @@ class Cluster:
                 raise ClusterError(
                     f"{name} exited with {proc.returncode} during startup\n{self.log_tails()}"
                 )
+        for name in ("slurmctld.log", "slurmd.log"):
+            # A daemon whose port was taken retries for a while before it gives up.
+            with contextlib.suppress(OSError):
+                if _PORT_CLASH in (self.log_dir / name).read_text(errors="replace"):
+                    raise ClusterError(f"{name}: {_PORT_CLASH}\n{self.log_tails()}")
 
     def _wait_for(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -720,13 +726,18 @@ class Cluster:
         # still being killed waits for them (KillWait) before it exits.
         ctld = alive.get("slurmctld")
         helpers = _descendants([ctld], _parents()) if ctld else set()  # slurmscriptd
-        self._kill_strays(marker, exclude=daemons | helpers)
-        # Then the Slurm daemons; munged last, as they talk to it until they exit.
-        slurm = [pid for name, pid in alive.items() if pid and name != "munged"]
-        _terminate(slurm, timeout)
-        self._kill_strays(marker)
-        munged = [pid for name, pid in alive.items() if pid and name == "munged"]
-        _terminate(munged, timeout)
+        keep = daemons | helpers
+        self._kill_strays(marker, exclude=keep)
+        # Then the daemons one by one: slurmd reports the killed jobs' ends to slurmctld before
+        # it exits (with slurmctld gone it would retry for MessageTimeout), and both talk to
+        # munged until they exit.
+        for name in ("slurmd", "slurmctld", "munged"):
+            pid = alive.get(name)
+            if pid:
+                _terminate([pid], timeout)
+            if name == "slurmd":
+                self._kill_strays(marker, exclude=keep)  # steps it was still starting
+        self._kill_strays(marker)  # anything left, slurmctld's helpers included
         for proc in self._children.values():
             with contextlib.suppress(Exception):
                 proc.wait(timeout=1)

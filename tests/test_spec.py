@@ -126,3 +126,9 @@ def test_hash_covers_what_is_generated_not_how_fast(tmp_path: Path) -> None:
         "input.system_prompt=hi",
     ]:
         assert load(tmp_path, [other]).content_hash() != a, other
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("jobs/**/*.yaml")))
+def test_every_shipped_job_spec_is_valid(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.output.dir and spec.model.model
