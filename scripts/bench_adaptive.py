@@ -1,8 +1,8 @@
 """Adaptive K against every fixed K, per batch size, measured side by side in one run.
 
-For each batch size: one engine per fixed K in {0, 1, 3, 5, 8} stays up while every domain's
-prompts run through each of them in rotating order (machine noise then hits all K alike);
-the per-domain oracle takes every domain at its own best fixed K. Then ``batchspec tune``
+For each batch size: one engine per fixed K in {0, 1, 3, 5, 8}, every domain's prompts run
+through it alone (the K order alternates between batch sizes); the per-domain oracle takes
+every domain at its own best fixed K. Then ``batchspec tune``
 (small sample, its time reported) and ``batchspec run`` with the adaptive controller over the
 whole mixed set. Fixed K and the oracle are timed at the engine (no Parquet, no commits);
 adaptive is timed through the whole product path, engine starts and shutdowns excluded.
@@ -41,7 +41,7 @@ def with_settings(spec, **model):
 
 
 def fixed_k_sweep(spec, batch: int, k_values: list[int]):
-    """Seconds and tokens per (domain, K), every K's engine up at once, domains rotating K."""
+    """Seconds and tokens per (domain, K): one engine per K, each domain through it alone."""
     from batchspec.checks import preflight
     from batchspec.engine import Engine
     from batchspec.inputs import PromptBuilder
@@ -53,22 +53,18 @@ def fixed_k_sweep(spec, batch: int, k_values: list[int]):
     by_domain: dict[str, list] = {}
     for unit in pre.units:
         by_domain.setdefault(unit.domain, []).append(unit)
-    # Several engines share the host: give each a small KV cache.
-    bspec = with_settings(spec, max_num_seqs=batch, gpu_memory_utilization=0.06)
-    engines = {k: Engine(bspec, k) for k in k_values}
+    bspec = with_settings(spec, max_num_seqs=batch)
     results: dict[tuple[str, int], tuple[float, int]] = {}
-    try:
-        for i, (domain, units) in enumerate(by_domain.items()):
-            order = k_values[i % len(k_values) :] + k_values[: i % len(k_values)]
-            for k in order:
-                engine = engines[k]
-                builder = PromptBuilder(spec.input, tokenizer, engine.max_model_len, None)
+    for k in k_values:
+        engine = Engine(bspec, k)
+        try:
+            builder = PromptBuilder(spec.input, tokenizer, engine.max_model_len, None)
+            for domain, units in by_domain.items():
                 rows = sum(u.num_rows for u in units)
                 started = time.perf_counter()
                 ob, _ = measure(engine, builder, units, rows, batch)
                 results[(domain, k)] = (time.perf_counter() - started, ob.output_tokens)
-    finally:
-        for engine in engines.values():
+        finally:
             engine.close()
     return results, list(by_domain)
 
@@ -129,8 +125,9 @@ def main() -> None:
             f"batches {batches}; fixed K and oracle timed at the engine, adaptive through "
             "batchspec run (engine starts excluded everywhere)"
         )
-        for batch in batches:
-            results, domains = fixed_k_sweep(spec, batch, FIXED_K)
+        for i, batch in enumerate(batches):
+            order = FIXED_K if i % 2 == 0 else FIXED_K[::-1]
+            results, domains = fixed_k_sweep(spec, batch, order)
             tokens = {k: sum(results[(d, k)][1] for d in domains) for k in FIXED_K}
             seconds = {k: sum(results[(d, k)][0] for d in domains) for k in FIXED_K}
             tps = {k: tokens[k] / seconds[k] for k in FIXED_K}

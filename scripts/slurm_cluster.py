@@ -299,6 +299,7 @@ class Cluster:
         self._owns_dir = directory is None
         if directory is None:
             directory = tempfile.mkdtemp(prefix="batchspec-slurm-")
+            os.chmod(directory, 0o755)  # munged wants its socket's ancestors traversable
         self.dir = Path(directory).resolve()
         self.min_job_age = min_job_age
         self.kill_wait = kill_wait
@@ -358,16 +359,18 @@ class Cluster:
             try:
                 self._start_daemons()
                 self._wait_node_idle(t0 + self.startup_timeout)
-            except ClusterError as e:
+            except BaseException as e:
                 port_clash = _PORT_CLASH in self.log_tails()
                 self._stop_processes(timeout=2.0)  # slurmd would wait for a dead slurmctld
-                if not port_clash:
+                if not (port_clash and isinstance(e, ClusterError)):
+                    self.stop()  # an owned directory goes; the error carries the logs
                     raise
                 last = e  # another program took a port between choosing and binding it
                 continue
             self._started = True
             self.startup_seconds = time.monotonic() - t0
             return self
+        self.stop()
         assert last is not None
         raise last
 
@@ -699,11 +702,8 @@ class Cluster:
         state = ""
         while True:
             self._check_children()
-            result = self.run(
-                ["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"], check=False, timeout=15
-            )
-            state = result.stdout.strip() or result.stderr.strip()
-            if result.returncode == 0 and state.rstrip("*") == "idle":
+            returncode, state = self._sinfo_watching_daemons()
+            if returncode == 0 and state.rstrip("*") == "idle":
                 return
             if time.monotonic() >= deadline:
                 raise ClusterError(
@@ -711,6 +711,31 @@ class Cluster:
                     f"(sinfo: {state!r})\n{self.log_tails()}"
                 )
             time.sleep(0.25)
+
+    def _sinfo_watching_daemons(self) -> tuple[int, str]:
+        """The node's state from sinfo, abandoned as soon as a daemon dies.
+
+        sinfo retries an unreachable slurmctld for MessageTimeout (10 s); a slurmctld that
+        exits at once (its port was taken) must not cost that.
+        """
+        cmd = ["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"]
+        with subprocess.Popen(
+            cmd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as proc:
+            try:
+                while proc.poll() is None:
+                    self._check_children()
+                    time.sleep(0.05)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            assert proc.stdout is not None
+            return proc.wait(), proc.stdout.read().strip()
 
     def _stop_leftovers(self) -> None:
         """Stop daemons a previous, unstopped run left in this directory."""
