@@ -18,11 +18,23 @@ daemons left behind (``slurmstepd`` and job processes, found by a marker variabl
 daemons' environment and by parentage), so nothing outlives it. It is idempotent, and a new
 ``start()`` in the same directory first stops whatever a crashed earlier run left there.
 
-Caveats: ``sacct`` has no data (accounting needs slurmdbd and a database); finished jobs are
-recorded by ``jobcomp/filetxt`` instead, which :meth:`Cluster.wait_for_jobs` reads. Slurm
-purges finished jobs from ``squeue`` only on its periodic purge pass, so they can linger there
-(state COMPLETED etc.) for up to about a minute despite the low ``MinJobAge``. Tested as root
-with Slurm 22.05 (Debian 12).
+Slurm behaviour seen with this harness (Slurm 22.05.8, Debian 12, as root):
+
+- ``sacct`` has no data: accounting needs slurmdbd and a database, so it is off
+  (``accounting_storage/none``). Finished jobs are recorded by ``jobcomp/filetxt`` in
+  ``log/jobcomp.txt`` instead, which :meth:`Cluster.wait_for_jobs` reads.
+- ``squeue`` (even ``squeue -j ID``) hides finished jobs; ``squeue -t all`` shows them until
+  slurmctld's purge pass drops them, a few seconds (~7 s) after they end (``MinJobAge=2``).
+- Time limits and ``--signal`` lead times are checked on slurmctld's 30-second tick: a job
+  is killed up to ~30 s after its limit, and ``--signal=SIG@N`` arrives once at most N+30 s
+  remain, i.e. 30 to 60 s early for N=30 (with ``--time=1`` that is right after the start).
+- ``--signal=B:SIG@N`` signals only the batch shell (not ``srun`` steps, nor the shell's
+  children); plain ``--signal=SIG@N`` signals only ``srun`` steps, never the batch shell or
+  its other children. Either way slurmstepd writes "*** JOB n ON node CANCELLED AT ... ***"
+  to the job's stderr although the job goes on. Bash runs a trap only once its foreground
+  child exits: wait on a background child to react at once.
+- A requeued job waits ``cred_expire`` seconds (10 here, 120 by default) before it may run.
+- Submission to start takes about 2 s; :meth:`Cluster.start` takes about 1 s.
 
 Command line::
 
@@ -35,9 +47,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -282,7 +294,22 @@ class Cluster:
 
     ``Cluster(directory)`` uses (and creates) ``directory``; ``Cluster()`` makes a temporary
     one and removes it on :meth:`stop` unless ``keep_dir`` is true. Use it as a context
-    manager, or call :meth:`start` and :meth:`stop`.
+    manager, or call :meth:`start` and :meth:`stop`. Each start begins with empty Slurm
+    state (job ids restart at 1).
+
+    Args:
+        directory: where configuration, munge key and socket, logs, spool and state live.
+        min_job_age: ``MinJobAge``: seconds a finished job stays in slurmctld's memory.
+        kill_wait: ``KillWait``: seconds between SIGTERM and SIGKILL at a time limit or
+            ``scancel`` (Slurm's default, 30, as on real clusters).
+        cred_expire: ``AuthInfo=cred_expire``: also how long a requeued job waits before it
+            may start again (Slurm's default is 120 s).
+        startup_timeout: seconds :meth:`start` waits for the node to be idle.
+        extra_conf: more ``slurm.conf`` lines, placed before the node and partition lines.
+        keep_dir: keep a temporary directory (logs) after :meth:`stop`.
+
+    Attributes: ``dir``, ``conf_path``, ``log_dir``, ``jobcomp_path``, ``node``,
+    ``partition``, ``ctld_port``, ``slurmd_port``, ``startup_seconds``, and :attr:`env`.
     """
 
     def __init__(
@@ -315,7 +342,10 @@ class Cluster:
         self._record_path = self.dir / "cluster.json"
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._munge_socket: Path | None = None
-        self._socket_dir: Path | None = None  # a short-path fallback we created, if any
+        # Unix sockets (munged's, slurmstepd's in the spool) need short paths: a directory too
+        # long for them gets a short one in /tmp for those, removed on stop.
+        self._short_dir: Path | None = None
+        self._spool_dir = self.dir / "spool"
         self.ctld_port = 0
         self.slurmd_port = 0
         self.startup_seconds = 0.0  # how long the last start() took
@@ -382,9 +412,9 @@ class Cluster:
                     self.cancel_all(wait=2.0)  # give jobs their SIGTERM first
             self._stop_processes(timeout)
         self._started = False
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
+        if self._short_dir is not None:
+            shutil.rmtree(self._short_dir, ignore_errors=True)
+            self._short_dir = None
         if self._owns_dir and not self.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -430,7 +460,10 @@ class Cluster:
         return states
 
     def cancel_all(self, wait: float = 0.0) -> None:
-        """``scancel`` every job; with ``wait``, wait that long for them to end."""
+        """``scancel`` every unfinished job; with ``wait``, wait up to that long for them to end.
+
+        Cancelled jobs get SIGTERM, and SIGKILL ``kill_wait`` seconds later if still running.
+        """
         active = [j for j, s in self.queue().items() if s not in FINAL_STATES]
         ids = sorted({j.split("_")[0] for j in active})
         if ids:
@@ -536,10 +569,15 @@ class Cluster:
         munge_dir.mkdir(mode=0o755)
         os.chmod(munge_dir, 0o755)  # munged insists others may traverse its socket's dir
         socket_path = munge_dir / "munge.sock"
-        if len(str(socket_path)) > _SUN_PATH_MAX:
-            self._socket_dir = Path(tempfile.mkdtemp(prefix="bs-munge-"))
-            os.chmod(self._socket_dir, 0o755)
-            socket_path = self._socket_dir / "sock"
+        self._spool_dir = self.dir / "spool"
+        # slurmstepd listens on SPOOL/NODE_JOBID.STEPID; the longest such name:
+        step_socket = self._spool_dir / f"{self.node}_4294967294.4294967294"
+        if max(len(str(socket_path)), len(str(step_socket))) > _SUN_PATH_MAX:
+            self._short_dir = Path(tempfile.mkdtemp(prefix="bs-slurm-"))
+            os.chmod(self._short_dir, 0o755)
+            socket_path = self._short_dir / "munge.sock"
+            self._spool_dir = self._short_dir / "spool"
+            self._spool_dir.mkdir()
         self._munge_socket = socket_path
         key = munge_dir / "munge.key"
         with open(key, "wb") as f:
@@ -548,7 +586,7 @@ class Cluster:
 
     def _write_conf(self) -> None:
         d = self.dir
-        user = getpass.getuser()
+        user = pwd.getpwuid(os.geteuid()).pw_name
         lines = [
             "# Written by batchspec scripts/slurm_cluster.py: a one-node test cluster.",
             "ClusterName=batchspec",
@@ -563,7 +601,7 @@ class Cluster:
             # (Slurm's default, 120 s, would slow requeue tests down).
             f"AuthInfo=socket={self._munge_socket},cred_expire={self.cred_expire}",
             f"StateSaveLocation={d / 'state'}",
-            f"SlurmdSpoolDir={d / 'spool'}",
+            f"SlurmdSpoolDir={self._spool_dir}",
             f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}",
             f"SlurmdPidFile={d / 'run' / 'slurmd.pid'}",
             f"SlurmctldLogFile={self.log_dir / 'slurmctld.log'}",
@@ -626,8 +664,7 @@ class Cluster:
         }
         env = self._daemon_env()
         for name, cmd in commands.items():
-            out = open(self.log_dir / f"{name}.out", "wb")  # noqa: SIM115 (child keeps it)
-            try:
+            with open(self.log_dir / f"{name}.out", "wb") as out:  # the child keeps its copy
                 proc = subprocess.Popen(
                     cmd,
                     env=env,
@@ -635,10 +672,8 @@ class Cluster:
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    start_new_session=True,  # no terminal signals; survives the CLI's exit
                 )
-            finally:
-                out.close()
             self._children[name] = proc
             self._write_record()
             if name == "munged":
@@ -653,7 +688,7 @@ class Cluster:
             "pids": {name: p.pid for name, p in self._children.items()},
             "conf": str(self.conf_path),
             "munge_socket": str(self._munge_socket),
-            "socket_dir": str(self._socket_dir) if self._socket_dir else None,
+            "short_dir": str(self._short_dir) if self._short_dir else None,
             "ports": [self.ctld_port, self.slurmd_port],
         }
         self._record_path.write_text(json.dumps(record, indent=1))
@@ -669,7 +704,8 @@ class Cluster:
         """Daemons of this directory still running, checked by pid *and* command line."""
         pids = self._read_record().get("pids", {})
         out: dict[str, int | None] = {}
-        assert isinstance(pids, dict)
+        if not isinstance(pids, dict):
+            return out
         for name, pid in pids.items():
             proc = self._children.get(name)
             if proc is not None:
@@ -685,7 +721,7 @@ class Cluster:
                     f"{name} exited with {proc.returncode} during startup\n{self.log_tails()}"
                 )
         for name in ("slurmctld.log", "slurmd.log"):
-            # A daemon whose port was taken retries for a while before it gives up.
+            # Give up on this attempt at the first sign of a taken port.
             with contextlib.suppress(OSError):
                 if _PORT_CLASH in (self.log_dir / name).read_text(errors="replace"):
                     raise ClusterError(f"{name}: {_PORT_CLASH}\n{self.log_tails()}")
@@ -768,9 +804,9 @@ class Cluster:
                 proc.wait(timeout=1)
         self._children.clear()
         record = self._read_record()
-        socket_dir = record.get("socket_dir")
-        if isinstance(socket_dir, str) and socket_dir:
-            shutil.rmtree(socket_dir, ignore_errors=True)
+        short_dir = record.get("short_dir")
+        if isinstance(short_dir, str) and short_dir:
+            shutil.rmtree(short_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self._record_path.unlink()
         for pid_file in (self.dir / "run").glob("*.pid"):
@@ -835,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         pids = ", ".join(f"{k} {v}" for k, v in cluster.status().items())
         print(f"# one-node Slurm cluster up in {cluster.startup_seconds:.1f}s ({pids})")
-        print(f"# stop it with: {sys.argv[0]} stop --dir {cluster.dir}")
+        print(f"# stop it with: python3 {sys.argv[0]} stop --dir {cluster.dir}")
         print(f"export SLURM_CONF={cluster.conf_path}")
         return 0
     if args.command == "stop":
