@@ -105,11 +105,14 @@ class StopFlag:
         self.grace_s = grace_s
         self.deadline: float | None = None
         self.signal: int | None = None
+        self.tripped = threading.Event()
+        """Set with the deadline: wakes threads that act on a stop (not the signal handler)."""
 
     def trip(self, signum: int, _frame: object = None) -> None:
         if self.deadline is None:
             self.signal = signum
             self.deadline = time.monotonic() + self.grace_s
+            self.tripped.set()
 
     @property
     def stopping(self) -> bool:
@@ -182,12 +185,15 @@ class ClaimingSource:
         leases: Leases,
         failures: FailureLog,
         stop: StopFlag,
+        linger_s: float = 0.0,
     ):
         self.pending: deque[WorkUnit] = deque(units)
         self.retry: deque[WorkUnit] = deque()
         self.deferred: list[WorkUnit] = []
         """Units held by other workers when we came by: looked at again later."""
         self._revisited = time.monotonic()
+        self.linger_s = linger_s
+        self._linger_since: float | None = None
         self.error_rows: set[str] = set()
         """Committed units whose error rows are to be generated again (--retry-errors)."""
         self.out_dir = out_dir
@@ -268,13 +274,27 @@ class ClaimingSource:
         # Last look at the units others held before this engine goes idle.
         self._revisited = 0.0
         unit = self._claim_next()
-        if unit is None:
+        if unit is not None:
+            self.retry.append(unit)
+            return False
+        if not self.deferred:
             return True
-        self.retry.append(unit)
-        return False
+        # Others still hold units: wait a while, to take over any they hand back or abandon.
+        if self._linger_since is None:
+            self._linger_since = time.monotonic()
+        return time.monotonic() - self._linger_since >= self.linger_s
+
+    def lingering(self) -> bool:
+        return self._linger_since is not None
 
     def wait(self) -> None:
-        time.sleep(0.05)
+        time.sleep(1.0 if self.lingering() else 0.05)
+
+    def release_unstarted(self) -> None:
+        """Hand back units claimed ahead but not yet given to the engine (on a stop)."""
+        for unit in list(self.retry):
+            if unit.unit_id not in self.open:
+                self.leases.release(unit.unit_id)
 
     def done(self, unit_id: str) -> None:
         self.open.pop(unit_id, None)
@@ -318,6 +338,8 @@ class Worker:
             desc="generating",
         )
         self.leases.start()
+        self._source: ClaimingSource | None = None
+        threading.Thread(target=self._on_stop, name="stop-release", daemon=True).start()
         engine: Engine | None = None
         try:
             with self.stop.installed():
@@ -329,7 +351,9 @@ class Worker:
                     if engine is not None and engine.k != k:
                         self._close(engine, stats)
                         engine = None
-                    engine = self._run_group(k, group, stats, bar, error_rows, engine)
+                    # Waiting on other workers' units only pays once nothing else is left.
+                    linger = 0.0 if remaining else self.spec.execution.linger_s
+                    engine = self._run_group(k, group, stats, bar, error_rows, engine, linger)
         finally:
             if engine is not None:
                 self._close(engine, stats)
@@ -337,6 +361,13 @@ class Worker:
             self.leases.release_all()
             bar.close()
             stats.stopped_by_signal = self.stop.stopping
+
+    def _on_stop(self) -> None:
+        """On a stop, hand back at once what the engine has not started (other workers may
+        be about to finish, and would otherwise leave those units to the next run)."""
+        self.stop.tripped.wait()
+        if self._source is not None:
+            self._source.release_unstarted()
 
     def _next_group(
         self, remaining: list[WorkUnit], engine: Engine | None
@@ -385,14 +416,18 @@ class Worker:
         bar: tqdm,
         error_rows: set[str],
         engine: Engine | None,
+        linger_s: float,
     ) -> Engine | None:
         """All claimable units of one K; returns the engine, still up for the next group.
 
         After an engine failure the units in flight go back to the source and a new engine
         is built, until they commit or run out of attempts.
         """
-        source = ClaimingSource(units, self.out_dir, self.leases, self.failures, self.stop)
+        source = ClaimingSource(
+            units, self.out_dir, self.leases, self.failures, self.stop, self.spec.execution.linger_s
+        )
         source.error_rows = error_rows
+        self._source = source
         self.leases.progress = lambda: {u: r.finished for u, r in list(source.open.items())}
         while not self.stop.stopping:
             if not source.has_work():

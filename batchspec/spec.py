@@ -215,6 +215,13 @@ class ExecutionSpec(_Section):
     max_unit_attempts: int = Field(
         3, ge=1, description="Engine failures tolerated per unit before it is marked failed."
     )
+    linger_s: float = Field(
+        300.0,
+        ge=0,
+        description="After its own work, how long a worker waits on units other workers "
+        "still hold, to take over any they hand back or abandon (an abandoned lease goes "
+        "stale after lease_timeout_s). 0: exit as soon as nothing is claimable.",
+    )
     shutdown_grace_s: float = Field(
         30.0,
         ge=0,

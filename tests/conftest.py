@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from slurm_fixture import slurm_cluster  # noqa: F401  (a real one-node Slurm cluster)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "jobs" / "data" / "prompts.parquet"

@@ -1,0 +1,119 @@
+"""Slurm array jobs against a real one-node cluster (slurm-wlm + munge, started by the tests).
+
+Each array task is a worker of the same run; they meet only in the output directory.
+The ``slurm_cluster`` fixture comes from tests/slurm_fixture.py (through conftest.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_resume import check_output, resume_job
+
+pytestmark = pytest.mark.engine
+
+
+def batchspec(cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "batchspec", *args],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def submit(cluster, job: Path, tasks: int = 2) -> str:
+    result = batchspec(
+        cluster,
+        "slurm",
+        "submit",
+        str(job),
+        "--tasks",
+        str(tasks),
+        "--cpus-per-task",
+        "1",
+        "--signal-lead",
+        "60",
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def wait_for_commits(out: Path, n: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list((out / "parts").glob("*.parquet")) if (out / "parts").is_dir() else []) < n:
+        assert time.monotonic() < deadline, "no unit committed in time"
+        time.sleep(0.5)
+
+
+def logs(out: Path, job_id: str) -> dict[str, str]:
+    return {p.stem: p.read_text() for p in (out / "slurm").glob(f"{job_id}_*.log")}
+
+
+def test_two_task_array_completes_input_exactly_once(slurm_cluster, tmp_path: Path) -> None:
+    job, ids = resume_job(tmp_path, rows=48, unit_rows=4, max_tokens=16)
+    out = tmp_path / "out"
+    job_id = submit(slurm_cluster, job)
+    wait_for_commits(out, 1)
+    running = batchspec(slurm_cluster, "slurm", "status", str(out))
+    assert running.returncode == 0, running.stderr
+    assert f"slurm job {job_id} (2 tasks)" in running.stdout
+    states = slurm_cluster.wait_for_jobs(job_id, timeout=600)
+    assert states == {f"{job_id}_0": "COMPLETED", f"{job_id}_1": "COMPLETED"}, states
+    check_output(out, ids)
+    task_logs = logs(out, job_id)
+    assert len(task_logs) == 2
+    assert all("exit 0" in text for text in task_logs.values()), task_logs
+    done = batchspec(slurm_cluster, "status", str(out))
+    assert "complete" in done.stdout and "12/12 done" in done.stdout, done.stdout
+    print(running.stdout, done.stdout, sep="\n")  # shown with -s: the status while running
+    # A scheduled rerun of the finished job (cron, scrontab) does nothing and says so.
+    again = batchspec(slurm_cluster, "slurm", "submit", str(job), "--tasks", "2")
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_scancel_then_resubmit_completes_without_duplicates(slurm_cluster, tmp_path: Path) -> None:
+    job, ids = resume_job(tmp_path, rows=64, unit_rows=4, max_tokens=16)
+    out = tmp_path / "out"
+    first = submit(slurm_cluster, job)
+    wait_for_commits(out, 2)
+    slurm_cluster.run(["scancel", first])
+    states = slurm_cluster.wait_for_jobs(first, timeout=120)
+    assert set(states.values()) == {"CANCELLED"}, states
+    committed = len(list((out / "parts").glob("*.parquet")))
+    assert committed < 16
+    second = submit(slurm_cluster, job)
+    states = slurm_cluster.wait_for_jobs(second, timeout=600)
+    assert set(states.values()) == {"COMPLETED"}, states
+    check_output(out, ids)
+
+
+def test_early_warning_signal_stops_a_task_and_another_finishes_its_units(
+    slurm_cluster, tmp_path: Path
+) -> None:
+    job, ids = resume_job(tmp_path, rows=64, unit_rows=4, max_tokens=24)
+    data = yaml.safe_load(job.read_text())
+    data["execution"]["shutdown_grace_s"] = 2
+    job.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    job_id = submit(slurm_cluster, job)
+    wait_for_commits(out, 2)
+    # What --signal=B:TERM@lead delivers ahead of the time limit, sent now to task 0 only.
+    slurm_cluster.run(["scancel", "--signal=TERM", "--batch", f"{job_id}_0"])
+    states = slurm_cluster.wait_for_jobs(job_id, timeout=600)
+    assert states == {f"{job_id}_0": "COMPLETED", f"{job_id}_1": "COMPLETED"}, states
+    task0 = logs(out, job_id)[f"{job_id}_0"]
+    assert "SIGTERM, stopping the worker" in task0
+    assert "stopped by signal" in task0 and "exit 0" in task0
+    check_output(out, ids)  # task 1 took over what task 0 handed back
+    assert not list((out / "leases").glob("*.lease"))
