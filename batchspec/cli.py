@@ -58,6 +58,9 @@ set_option = click.option(
     metavar="KEY.PATH=VALUE",
     help="Override a spec key (value read as YAML); repeatable.",
 )
+output_option = click.option(
+    "--output", type=click.Path(file_okay=False), help="Output directory instead of output.dir."
+)
 limit_option = click.option(
     "--limit", type=click.IntRange(min=1), help="Only the first N rows of the input."
 )
@@ -109,7 +112,7 @@ def _print_run(stats) -> None:
 
 @main.command()
 @job_argument
-@click.option("--output", type=click.Path(file_okay=False), help="Write here, not output.dir.")
+@output_option
 @limit_option
 @set_option
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
@@ -232,7 +235,7 @@ def report(out_dir: str) -> None:
 
 @main.command()
 @job_argument
-@click.option("--output", type=click.Path(file_okay=False), help="Output dir (tuning.json).")
+@output_option
 @click.option(
     "--sample",
     type=click.IntRange(min=1),
@@ -324,7 +327,7 @@ def slurm() -> None:
     show_default=True,
     help="Seconds before the limit that the task is told to stop.",
 )
-@click.option("--output", type=click.Path(file_okay=False), help="Write here, not output.dir.")
+@output_option
 @limit_option
 @set_option
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script, submit nothing.")

@@ -122,33 +122,16 @@ def check_output(out: Path, expected_ids: list[str]) -> None:
 
 
 def resume_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> tuple[Path, list[str]]:
-    """A job over the first ``rows`` prompts of the project's set, tuned for many commits."""
+    """The default job over the first ``rows`` prompts, small units: many commits to kill."""
     table = pq.read_table(ROOT / "jobs" / "data" / "prompts.parquet").slice(0, rows)
     pq.write_table(table, tmp / "in.parquet")
-    job = {
-        "input": {
-            "path": str(tmp / "in.parquet"),
-            "messages_column": "messages",
-            "domain_column": "domain",
-        },
-        "output": {"dir": str(tmp / "out"), "unit_rows": unit_rows},
-        "model": {
-            "model": "builtin:smollm2-135m-instruct",
-            "dtype": "float32",
-            "max_model_len": 1024,
-            "max_num_seqs": 8,
-            "enforce_eager": True,
-        },
-        "speculative": {
-            "method": "ngram",
-            "num_speculative_tokens": 3,
-            "prompt_lookup_min": 2,
-            "prompt_lookup_max": 4,
-        },
-        "sampling": {"max_tokens": max_tokens},
-        # Progress is recorded at every heartbeat: beat often to measure waste precisely.
-        "execution": {"heartbeat_s": 0.2, "lease_timeout_s": 60},
-    }
+    job = yaml.safe_load((ROOT / "jobs" / "synth_data.yaml").read_text())
+    job["input"]["path"] = str(tmp / "in.parquet")
+    job["output"] = {"dir": str(tmp / "out"), "unit_rows": unit_rows}
+    job["model"].update(max_model_len=1024, max_num_seqs=8)
+    job["sampling"]["max_tokens"] = max_tokens
+    # Progress is recorded at every heartbeat: beat often to measure waste precisely.
+    job["execution"] = {"heartbeat_s": 0.2, "lease_timeout_s": 60}
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path, table.column("id").to_pylist()

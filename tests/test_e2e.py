@@ -17,6 +17,7 @@ import pytest
 from conftest import PROMPTS, job_dict, run_cli, write_job
 
 from batchspec.models import embedded_dir
+from batchspec.writer import SPECULATIVE_MEASURED
 
 pytestmark = pytest.mark.engine
 
@@ -133,14 +134,7 @@ def test_domain_with_k0_has_null_speculative_columns(ngram_run) -> None:
     math = ngram_run[2].filter(pl.col("domain") == "math")
     assert math.height == PER_DOMAIN
     assert set(math["spec_method"]) == {"none"} and set(math["num_speculative_tokens"]) == {0}
-    for col in (
-        "num_spec_steps",
-        "num_draft_tokens",
-        "num_accepted_tokens",
-        "acceptance_rate",
-        "mean_acceptance_length",
-        "acceptance_histogram",
-    ):
+    for col in SPECULATIVE_MEASURED:
         assert math[col].null_count() == math.height, col
 
 

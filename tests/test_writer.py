@@ -12,6 +12,7 @@ from batchspec.inputs import RowRequest, UnitRequests
 from batchspec.planner import WorkUnit
 from batchspec.writer import (
     RESULT_FIELDS,
+    SPECULATIVE_MEASURED,
     commit_part,
     committed_units,
     output_schema,
@@ -90,14 +91,7 @@ def test_no_speculation_gives_nulls_not_zeros() -> None:
     )
     row = table_for([r], method="none", k=0).to_pylist()[0]
     assert row["spec_method"] == "none" and row["num_speculative_tokens"] == 0
-    for col in (
-        "num_spec_steps",
-        "num_draft_tokens",
-        "num_accepted_tokens",
-        "acceptance_rate",
-        "mean_acceptance_length",
-        "acceptance_histogram",
-    ):
+    for col in SPECULATIVE_MEASURED:
         assert row[col] is None, col
 
 
