@@ -355,12 +355,12 @@ class KPolicy:
                 tokens += ob.output_tokens
         return tokens / rows if rows else float(self.spec.sampling.max_tokens)
 
-    def explores(self, unit_id: str, domain: str | None, engine_k: int) -> bool:
-        """Run this unit at ``engine_k``, a grid neighbour of its domain's K, to measure it."""
+    def explores(self, unit_id: str, domain: str | None, best: int, engine_k: int) -> bool:
+        """Run this unit at ``engine_k``, a grid neighbour of its domain's K ``best``, to
+        measure it there."""
         if not self.adaptive or domain in self.spec.speculative.per_domain:
             return False
         grid = self.ctl.k_grid
-        best = self.k_for(domain)
         if best not in grid or engine_k not in grid:
             return False
         if abs(grid.index(best) - grid.index(engine_k)) != 1:

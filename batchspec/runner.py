@@ -399,7 +399,7 @@ class Worker:
         group = [
             u
             for u in remaining
-            if k_of[u.domain] == k or self.policy.explores(u.unit_id, u.domain, k)
+            if k_of[u.domain] == k or self.policy.explores(u.unit_id, u.domain, k_of[u.domain], k)
         ]
         return k, group
 
