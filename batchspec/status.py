@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from batchspec.claims import FAILED_DIR
 from batchspec.errors import UserError
 from batchspec.leases import LEASES_DIR, LeaseDir
 from batchspec.manifest import read_manifest
-from batchspec.runner import FAILED_DIR
 from batchspec.writer import PARTS_DIR
 
 
