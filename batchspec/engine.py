@@ -222,9 +222,6 @@ class Engine:
         self._steps = 0
         self._params = sampling_params(spec)
 
-    def tokenizer(self) -> Any:
-        return self.llm.get_tokenizer()
-
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
         """Yield each unit's results as soon as its last row finishes.
 
