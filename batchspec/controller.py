@@ -307,11 +307,9 @@ class KPolicy:
             spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.per_domain
         )
         self.shared = SharedStats(out_dir, worker)
-        self.tuned = False
         tuning = read_tuning(tuning_path(out_dir)) if self.adaptive else None
         if tuning is not None and tuning.get("method") == s.method:
             self.ctl.load_observations(tuning_observations(tuning, spec.model.max_num_seqs))
-            self.tuned = True
         self.refresh()
 
     def refresh(self) -> None:
