@@ -155,5 +155,6 @@ def _sum_runs(out_dir: Path, run: str, wall_s: float) -> RunStats:
         total.generate_s = max(total.generate_s, d["generate_s"])
         total.stopped_by_signal |= d["stopped_by_signal"]
         total.engines += d["engines"]
+        total.engine_builds += d["engine_builds"]
     total.wall_s = wall_s
     return total

@@ -91,7 +91,9 @@ class RunStats:
     generate_s: float = 0.0
     wall_s: float = 0.0
     stopped_by_signal: bool = False
+    engine_builds: int = 0
     engines: list[dict[str, Any]] = field(default_factory=list)
+    """One record per stretch of work on one engine (an engine may serve several groups)."""
 
     @property
     def output_tokens_per_s(self) -> float | None:
@@ -269,6 +271,7 @@ class Worker:
             if engine is None:
                 engine = Engine(self.spec, k)
                 stats.engine_build_s += engine.build_s
+                stats.engine_builds += 1
             source.builder = PromptBuilder(
                 self.spec.input, self.tokenizer, engine.max_model_len, self.spec.sampling.seed
             )

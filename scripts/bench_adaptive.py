@@ -55,7 +55,7 @@ def timed_run(spec) -> tuple[float, int, pl.DataFrame, int]:
     stats = run_job(spec, progress=False)
     seconds = stats.wall_s - stats.engine_build_s - stats.engine_close_s
     rows = pl.read_parquet(Path(spec.output.dir) / "parts" / "*.parquet")
-    return seconds, stats.output_tokens, rows, len(stats.engines)
+    return seconds, stats.output_tokens, rows, stats.engine_builds
 
 
 def domain_rates(rows: pl.DataFrame) -> dict[str, float]:
