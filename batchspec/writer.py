@@ -137,16 +137,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_synced(path: Path, table: pa.Table) -> None:
+    """Write a part's bytes and fsync them, so a rename can never expose a torn file."""
+    with open(path, "wb") as fh:
+        pq.write_table(table, fh, compression="zstd")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def commit_part(out_dir: Path, unit_id: str, table: pa.Table) -> bool:
     """Write a unit's part atomically; False when another committer got there first."""
     final = part_path(out_dir, unit_id)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{unit_id}.{uuid.uuid4().hex[:12]}.tmp"
     try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_synced(tmp, table)
         try:
             os.link(tmp, final)  # fails if the final name exists: first committer wins
         except FileExistsError:
@@ -178,10 +183,7 @@ def replace_part(out_dir: Path, unit_id: str, table: pa.Table) -> None:
     os.link(final, history / f"{unit_id}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}")
     tmp = final.parent / f".{unit_id}.{uuid.uuid4().hex[:12]}.tmp"
     try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_synced(tmp, table)
         os.replace(tmp, final)
         _fsync_dir(final.parent)
     finally:
