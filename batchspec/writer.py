@@ -45,15 +45,6 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("unit_id", pa.string()),
 ]
 RESERVED = {"id", "domain", *(f.name for f in RESULT_FIELDS)}
-SPECULATIVE_MEASURED = (
-    "num_spec_steps",
-    "num_draft_tokens",
-    "num_accepted_tokens",
-    "acceptance_rate",
-    "mean_acceptance_length",
-    "acceptance_histogram",
-)
-"""Columns measured by speculation: null, not zero, on rows generated without it."""
 
 
 def output_schema(id_type: pa.DataType, passthrough: dict[str, pa.DataType]) -> pa.Schema:

@@ -18,6 +18,15 @@ from slurm_fixture import slurm_cluster  # noqa: F401  (a real one-node Slurm cl
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "jobs" / "data" / "prompts.parquet"
+SPECULATIVE_MEASURED = (
+    "num_spec_steps",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "acceptance_histogram",
+)
+"""The issue's columns measured by speculation: null, not zero, on rows generated without it."""
 
 
 def job_dict(out_dir: Path, **sections: dict[str, Any] | None) -> dict[str, Any]:

@@ -14,10 +14,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import PROMPTS, job_dict, run_cli, write_job
+from conftest import PROMPTS, SPECULATIVE_MEASURED, job_dict, run_cli, write_job
 
 from batchspec.models import embedded_dir
-from batchspec.writer import SPECULATIVE_MEASURED
 
 pytestmark = pytest.mark.engine
 

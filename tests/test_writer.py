@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from conftest import SPECULATIVE_MEASURED
 
 from batchspec.engine import RowResult, UnitResult
 from batchspec.inputs import RowRequest, UnitRequests
 from batchspec.planner import WorkUnit
 from batchspec.writer import (
     RESULT_FIELDS,
-    SPECULATIVE_MEASURED,
     commit_part,
     committed_units,
     output_schema,
