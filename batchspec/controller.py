@@ -20,6 +20,7 @@ chosen from measured step times (interpolated between measured K, never assumed)
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -307,9 +308,12 @@ class KPolicy:
             spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.per_domain
         )
         self.shared = SharedStats(out_dir, worker)
+        self.build_s: float | None = None
+        """Seconds to start an engine, as last measured: what a switch of K costs."""
         tuning = read_tuning(tuning_path(out_dir)) if self.adaptive else None
         if tuning is not None and tuning.get("method") == s.method:
             self.ctl.load_observations(tuning_observations(tuning, spec.model.max_num_seqs))
+            self.build_s = tuning.get("engine_build_s")
         self.refresh()
 
     def refresh(self) -> None:
@@ -317,33 +321,51 @@ class KPolicy:
             for ob in self.shared.read_new():
                 self.ctl.add(ob)
 
-    def k_for(self, domain: str | None) -> int:
-        if not self.adaptive:
-            return self.spec.speculative.k_for(domain)
-        return self.ctl.choose(domain).k
-
     def observe(self, ob: Observation) -> None:
         if self.adaptive:
             self.ctl.add(ob)
             self.shared.append(ob)
 
-    def switch_pays(
-        self, current_k: int, new_k: int, domains: dict[str | None, int], build_s: float
-    ) -> bool:
-        """Whether building an engine at ``new_k`` beats running these rows at ``current_k``.
+    def plan(self, rows: dict[str | None, int], engine_k: int | None) -> dict[str | None, int]:
+        """K per domain for the rows left, deciding at once which engines are worth building.
 
-        ``domains`` maps domain to rows left. Time saved = tokens / (batch x rate) at the
-        current K minus the same at the new K; it must exceed the measured engine start.
+        Every domain at its own best K can need one engine per distinct K, and each engine
+        beyond the one that is up costs a start. So over every set of K from the grid (a few
+        dozen sets), the predicted time of the rows left, each domain at the fastest K of the
+        set, plus the starts of the set's new engines; the cheapest set wins. Domains without
+        predictions keep the controller's choice (the spec's K until measured), and so do
+        domains with a fixed K. Until an engine start has been measured (here or by
+        ``batchspec tune``) every domain gets its own best K: the first engine measures it.
         """
-        batch = self.ctl.batch
-        saved = 0.0
-        for domain, rows in domains.items():
-            old, new = self.ctl.rate(domain, current_k), self.ctl.rate(domain, new_k)
-            if old is None or new is None:
-                return True  # unmeasured: follow the plan, which will measure it
-            tokens = rows * self.tokens_per_row(domain)
-            saved += tokens / (batch * old) - tokens / (batch * new)
-        return saved > build_s
+        if not self.adaptive:
+            return {d: self.spec.speculative.k_for(d) for d in rows}
+        choices = {d: self.ctl.choose(d) for d in rows}
+        if self.build_s is None:
+            return {d: c.k for d, c in choices.items()}
+        forced = {d: c.k for d, c in choices.items() if d in self.ctl.fixed or not c.rates}
+        free = {d: c.rates for d, c in choices.items() if d not in forced}
+        if not free:
+            return forced
+        required = set(forced.values())
+        best: tuple[float, dict[str | None, int]] | None = None
+        grid = self.ctl.k_grid
+        for n in range(1, len(grid) + 1):
+            for ks in itertools.combinations(grid, n):
+                engines = required | set(ks)
+                new = len(engines - {engine_k}) if engine_k is not None else len(engines) - 1
+                cost = new * self.build_s
+                assign = dict(forced)
+                for d, rates in free.items():
+                    usable = [k for k in ks if k in rates]
+                    if not usable:
+                        break
+                    k = max(usable, key=lambda x, r=rates: (r[x], -x))
+                    assign[d] = k
+                    cost += rows[d] * self.tokens_per_row(d) / (self.ctl.batch * rates[k])
+                else:
+                    if best is None or cost < best[0]:
+                        best = (cost, assign)
+        return {d: c.k for d, c in choices.items()} if best is None else best[1]
 
     def tokens_per_row(self, domain: str | None) -> float:
         rows = tokens = 0

@@ -208,30 +208,24 @@ class Worker:
     def _next_group(
         self, remaining: list[WorkUnit], engine: Engine | None
     ) -> tuple[int, list[WorkUnit]]:
-        """The K to run next and its units, as the policy sees the measurements now.
+        """The K to run next and its units, as the policy plans the rest of the work now.
 
-        The current engine's K goes first; otherwise the K with the most rows left, unless
-        building its engine costs more time than it would save over running its rows on the
-        current engine (then those rows run on the current engine). Units of a domain whose
-        K is a grid neighbour of the engine's now and then ride along, to keep measuring it.
+        The current engine's K goes first if the plan keeps it, otherwise the planned K with
+        the most rows. Units of a domain planned at a grid neighbour of that K now and then
+        ride along, to keep measuring it.
         """
         self.policy.refresh()
-        k_of = {d: self.policy.k_for(d) for d in {u.domain for u in remaining}}
-        rows_by_k: dict[int, int] = {}
+        rows: dict[str | None, int] = {}
         for u in remaining:
-            rows_by_k[k_of[u.domain]] = rows_by_k.get(k_of[u.domain], 0) + u.num_rows
+            rows[u.domain] = rows.get(u.domain, 0) + u.num_rows
+        k_of = self.policy.plan(rows, None if engine is None else engine.k)
+        rows_by_k: dict[int, int] = {}
+        for d, n in rows.items():
+            rows_by_k[k_of[d]] = rows_by_k.get(k_of[d], 0) + n
         if engine is not None and engine.k in rows_by_k:
             k = engine.k
         else:
             k = max(rows_by_k, key=lambda x: (rows_by_k[x], -x))
-            if engine is not None:
-                rows = {}
-                for u in remaining:
-                    if k_of[u.domain] == k:
-                        rows[u.domain] = rows.get(u.domain, 0) + u.num_rows
-                if not self.policy.switch_pays(engine.k, k, rows, engine.build_s):
-                    k_of = {d: engine.k if kd == k else kd for d, kd in k_of.items()}
-                    k = engine.k
         group = [
             u
             for u in remaining
@@ -270,6 +264,7 @@ class Worker:
                 return engine
             if engine is None:
                 engine = Engine(self.spec, k)
+                self.policy.build_s = engine.build_s
                 stats.engine_build_s += engine.build_s
                 stats.engine_builds += 1
             source.builder = PromptBuilder(

@@ -93,12 +93,14 @@ def tune(spec: JobSpec, sample: int, batches: list[int], out: Path, echo=print) 
         "created": time.time(),
         "batches": [],
     }
+    builds: list[float] = []
     for batch in batches:
         bspec = _with_batch(spec, batch)
         observations: list[Observation] = []
         measured: dict[str, dict[int, float]] = {}
         for k in grid:
             engine = Engine(bspec, k)
+            builds.append(engine.build_s)
             builder = PromptBuilder(spec.input, tokenizer, engine.max_model_len, spec.sampling.seed)
             try:
                 for domain, units in samples.items():
@@ -129,6 +131,8 @@ def tune(spec: JobSpec, sample: int, batches: list[int], out: Path, echo=print) 
             {"batch": batch, "domains": domains, "observations": [asdict(o) for o in observations]}
         )
         echo(format_tuning_table(batch, grid, domains))
+    # What a run's K controller weighs an engine switch against.
+    data["engine_build_s"] = sum(builds) / len(builds)
     write_tuning(out, data)
     return data
 

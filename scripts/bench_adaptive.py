@@ -4,10 +4,16 @@ Everything goes through ``batchspec run``'s code path on the same mixed-domain p
 is timed the same way (engine starts and shutdowns excluded, everything else counted):
 
 - fixed K in {0, 1, 3, 5, 8}: one engine, ``adaptive: false``;
-- oracle: every domain at its own best fixed K, chosen from the fixed-K runs' per-domain
-  decode rates of this same benchmark run (``per_domain``), several engines;
-- adaptive: ``batchspec tune`` on a small sample (its time reported separately), then the run
-  with the K controller (``adaptive: true``), which also keeps learning from its own units.
+- oracle: every domain at its own best fixed K, chosen from the first round's fixed-K runs'
+  per-domain decode rates (``per_domain``), several engines;
+- adaptive: the run with the K controller (``adaptive: true``), starting from one
+  ``batchspec tune`` on a small sample made at the start of the batch size (its time is
+  reported separately), and learning from its own units as it goes.
+
+This machine's speed drifts by a few percent over minutes, as much as the differences between
+K at larger batches. So each batch size runs every configuration ``--rounds`` times, the second
+round in reverse order (ABBA), and the ratios are of the means, with each round's own ratio
+shown as the spread.
 
     .venv/bin/python scripts/bench_adaptive.py                       # batch 1, 8, job default
     .venv/bin/python scripts/bench_adaptive.py --batches 8 --per-domain 40 --max-tokens 64
@@ -17,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -67,16 +75,15 @@ def domain_rates(rows: pl.DataFrame) -> dict[str, float]:
 
 
 def main() -> None:
-    from batchspec.controller import tuning_path
     from batchspec.spec import load_spec
-    from batchspec.tune import tune
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_data.yaml"))
     ap.add_argument("--batches", default=None, help="comma list; default 1,8,<job's>")
     ap.add_argument("--per-domain", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--tune-sample", type=int, default=8)
+    ap.add_argument("--tune-sample", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as name:
         tmp = Path(name)
@@ -100,57 +107,90 @@ def main() -> None:
             f"{df.height} prompts ({args.per_domain} per domain, "
             f"{df[base.input.domain_column].n_unique()} domains), method "
             f"{spec.speculative.method}, max_tokens {args.max_tokens}, dtype {spec.model.dtype}, "
-            f"batches {batches}; all through batchspec run, engine starts excluded"
+            f"batches {batches}, {args.rounds} rounds; all through batchspec run, engine starts "
+            "excluded",
+            flush=True,
         )
         # The first run in a process pays one-off costs (imports, tokenizer and chat-template
         # loading, allocator growth) that would otherwise count against whichever config runs
         # first; a short throwaway run absorbs them.
         timed_run(variant(spec, tmp / "warmup", batches[0], adaptive=False), limit=16)
         for batch in batches:
-            tps, rates = {}, {}
-            for k in FIXED_K:
-                s = variant(
-                    spec, tmp / f"b{batch}-k{k}", batch, adaptive=False, num_speculative_tokens=k
-                )
-                seconds, tokens, rows, _ = timed_run(s)
-                tps[k] = tokens / seconds
-                rates[k] = domain_rates(rows)
-            domains = sorted(rates[0])
-            best = {d: max(FIXED_K, key=lambda k, d=d: rates[k][d]) for d in domains}
-            s = variant(spec, tmp / f"b{batch}-oracle", batch, adaptive=False, per_domain=best)
-            seconds, tokens, _, oracle_engines = timed_run(s)
-            oracle = tokens / seconds
-            s = variant(spec, tmp / f"b{batch}-adaptive", batch, adaptive=True)
-            started = time.perf_counter()
-            tune(
-                s, args.tune_sample, [batch], tuning_path(Path(s.output.dir)), echo=lambda *_: None
-            )
-            tune_s = time.perf_counter() - started
-            seconds, tokens, rows, engines = timed_run(s)
-            adaptive = tokens / seconds
-            used = rows.group_by("domain").agg(pl.col("num_speculative_tokens").mode().first())
-            used_k = dict(used.iter_rows())
-            best_fixed = max(tps, key=tps.get)
-            worst_fixed = min(tps, key=tps.get)
-            print(f"\nbatch {batch}: output tokens/s")
-            print("  fixed K: " + ", ".join(f"K={k} {tps[k]:.1f}" for k in FIXED_K))
-            print(
-                "  oracle (per-domain best fixed K): "
-                + ", ".join(f"{d}={best[d]}" for d in domains)
-                + f" -> {oracle:.1f} ({oracle_engines} engines)"
-            )
-            print(
-                "  adaptive (K mostly used): "
-                + ", ".join(f"{d}={used_k.get(d)}" for d in domains)
-                + f" -> {adaptive:.1f} ({engines} engines; tune {tune_s:.0f} s not included)"
-            )
-            print(
-                f"  adaptive / oracle {adaptive / oracle:.3f} (target >= 0.97); "
-                f"/ best fixed K={best_fixed} {adaptive / tps[best_fixed]:.3f} (target >= 1); "
-                f"/ K=0 {adaptive / tps[0]:.3f} (target >= 0.97); "
-                f"/ K=5 {adaptive / tps[5]:.3f}; / worst fixed K={worst_fixed} "
-                f"{adaptive / tps[worst_fixed]:.3f}"
-            )
+            bench_batch(spec, tmp / f"b{batch}", batch, args.rounds, args.tune_sample)
+
+
+def bench_batch(spec, tmp: Path, batch: int, rounds: int, tune_sample: int) -> None:
+    from batchspec.controller import tuning_path
+    from batchspec.tune import tune
+
+    tuned = tmp / "tuning.json"
+    started = time.perf_counter()
+    tune(variant(spec, tmp / "tune", batch), tune_sample, [batch], tuned, echo=lambda *_: None)
+    tune_s = time.perf_counter() - started
+    configs = [f"K={k}" for k in FIXED_K] + ["oracle", "adaptive"]
+    tps: dict[str, list[float]] = {c: [] for c in configs}
+    rates: dict[int, dict[str, float]] = {}
+    best: dict[str, int] = {}
+    used_k: dict[str, int] = {}
+    engines: dict[str, int] = {}
+    for r in range(rounds):
+        for config in configs if r % 2 == 0 else configs[::-1]:
+            out = tmp / f"r{r}-{config.replace('=', '')}"
+            if config == "oracle":
+                s = variant(spec, out, batch, adaptive=False, per_domain=best)
+            elif config == "adaptive":
+                s = variant(spec, out, batch, adaptive=True)
+                tuning_path(out).parent.mkdir(parents=True)
+                shutil.copy(tuned, tuning_path(out))
+            else:
+                k = int(config[2:])
+                s = variant(spec, out, batch, adaptive=False, num_speculative_tokens=k)
+            seconds, tokens, rows, engines[config] = timed_run(s)
+            tps[config].append(tokens / seconds)
+            if config.startswith("K=") and r == 0:
+                rates[int(config[2:])] = domain_rates(rows)
+                if len(rates) == len(FIXED_K):
+                    best = {
+                        d: max(FIXED_K, key=lambda k, d=d: rates[k][d]) for d in sorted(rates[0])
+                    }
+            if config == "adaptive":
+                used = rows.group_by("domain").agg(pl.col("num_speculative_tokens").mode().first())
+                used_k = dict(used.iter_rows())
+    report(batch, tps, best, used_k, engines, tune_s, tune_sample)
+
+
+def report(batch, tps, best, used_k, engines, tune_s: float, tune_sample: int) -> None:
+    mean = {c: statistics.fmean(v) for c, v in tps.items()}
+    fixed = [c for c in mean if c.startswith("K=")]
+    best_fixed = max(fixed, key=mean.get)
+    worst_fixed = min(fixed, key=mean.get)
+    domains = sorted(best)
+
+    def ratio(other: str) -> str:
+        per_round = [a / o for a, o in zip(tps["adaptive"], tps[other], strict=True)]
+        spread = ", ".join(f"{x:.3f}" for x in per_round)
+        return f"{mean['adaptive'] / mean[other]:.3f} (rounds {spread})"
+
+    def runs(c: str) -> str:
+        return f"{mean[c]:.1f} [" + " ".join(f"{x:.1f}" for x in tps[c]) + "]"
+
+    print(f"\nbatch {batch}: output tokens/s, mean [per round]", flush=True)
+    print("  fixed K: " + ", ".join(f"{c} {runs(c)}" for c in fixed))
+    print(
+        "  oracle (per-domain best fixed K): "
+        + ", ".join(f"{d}={best[d]}" for d in domains)
+        + f" -> {runs('oracle')} ({engines['oracle']} engines)"
+    )
+    print(
+        "  adaptive (K mostly used): "
+        + ", ".join(f"{d}={used_k.get(d)}" for d in domains)
+        + f" -> {runs('adaptive')} ({engines['adaptive']} engines; tune on {tune_sample} rows "
+        f"per domain {tune_s:.0f} s, not included)"
+    )
+    print(f"  adaptive / oracle {ratio('oracle')} (target >= 0.97)")
+    print(f"  adaptive / best fixed {best_fixed} {ratio(best_fixed)} (target >= 1)")
+    print(f"  adaptive / K=0 {ratio('K=0')} (target >= 0.97)")
+    print(f"  adaptive / K=5 {ratio('K=5')}; / worst fixed {worst_fixed} {ratio(worst_fixed)}")
 
 
 if __name__ == "__main__":

@@ -131,19 +131,20 @@ def test_other_batch_sizes_are_ignored() -> None:
     assert ctl.obs == {} and ctl.choose("d").k == 3
 
 
-def test_switching_engines_must_pay_for_the_engine_start(tmp_path) -> None:
+def policy_with_rates(tmp_path, rates: dict[tuple[str, int], float]):
+    """An adaptive policy at batch 8 whose domains decode at these measured rates per K
+    (100 tokens per row)."""
     from conftest import job_dict, write_job
 
     from batchspec.controller import KPolicy
     from batchspec.spec import load_spec
 
-    job = job_dict(tmp_path / "out", speculative={"k_grid": [0, 3]})
+    job = job_dict(tmp_path / "out", speculative={"k_grid": [0, 1, 3]})
     policy = KPolicy(load_spec(write_job(tmp_path / "job.yaml", job)), tmp_path / "out", "w")
-    # Rows decode at 10 tok/s at K=3 and 20 tok/s at K=0 (batch 8, ~100 tokens per row).
-    for k, rate in ((3, 10.0), (0, 20.0)):
+    for (domain, k), rate in rates.items():
         policy.ctl.add(
             Observation(
-                "d",
+                domain,
                 k,
                 8,
                 rows=100,
@@ -155,6 +156,45 @@ def test_switching_engines_must_pay_for_the_engine_start(tmp_path) -> None:
                 decode_steps=7000,
             )
         )
-    # 16 rows: 1600 tokens; 20 s at K=3 vs 10 s at K=0 on a batch of 8: saves 10 s.
-    assert policy.switch_pays(3, 0, {"d": 16}, build_s=5.0)
-    assert not policy.switch_pays(3, 0, {"d": 16}, build_s=25.0)
+    return policy
+
+
+def test_engines_are_planned_only_where_they_pay_for_their_start(tmp_path) -> None:
+    # "a" is best at K=3, "b" at K=0; K=1 is nearly as good for both.
+    policy = policy_with_rates(
+        tmp_path,
+        {
+            ("a", 0): 10.0,
+            ("a", 1): 13.0,
+            ("a", 3): 14.0,
+            ("b", 0): 14.0,
+            ("b", 1): 13.0,
+            ("b", 3): 10.0,
+        },
+    )
+    rows = {"a": 800, "b": 800}  # 80,000 tokens each, on a batch of 8
+    # Until an engine start is measured, every domain gets its own best K.
+    assert policy.plan(rows, None) == {"a": 3, "b": 0}
+    # Two engines save 2 x (10,000/13 - 10,000/14) = 110 s over K=1 for both: worth 60 s...
+    policy.build_s = 60.0
+    assert policy.plan(rows, None) == {"a": 3, "b": 0}
+    assert policy.plan(rows, 3) == {"a": 3, "b": 0}
+    # ...but not 200 s: one engine, the K best for the two together, not either one's best.
+    policy.build_s = 200.0
+    assert policy.plan(rows, None) == {"a": 1, "b": 1}
+    # With an engine up at K=3, the second engine must save its start: 16 rows cannot.
+    policy.build_s = 25.0
+    assert policy.plan({"a": 16, "b": 16}, 3) == {"a": 3, "b": 3}
+    assert policy.plan({"a": 16, "b": 800}, 3) == {"a": 3, "b": 0}
+
+
+def test_fixed_domains_keep_their_k_in_a_plan_and_share_its_engine(tmp_path) -> None:
+    policy = policy_with_rates(tmp_path, {("a", 0): 10.0, ("a", 1): 14.0, ("a", 3): 12.0})
+    policy.ctl.fixed["f"] = 0
+    policy.build_s = 1e6
+    # "f" needs a K=0 engine whatever the plan; "a" stays on the engine that is up.
+    assert policy.plan({"a": 800, "f": 8}, 1) == {"a": 1, "f": 0}
+    assert policy.plan({"a": 800, "f": 8}, 3) == {"a": 3, "f": 0}
+    # A start of 1 s is worth it: "a" gets an engine at its own best K.
+    policy.build_s = 1.0
+    assert policy.plan({"a": 800, "f": 8}, 0) == {"a": 1, "f": 0}
