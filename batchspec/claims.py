@@ -13,6 +13,7 @@ import os
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -83,14 +84,18 @@ class ClaimingSource:
         leases: Leases,
         failures: FailureLog,
         stop: Stopping,
-        linger_s: float = 0.0,
+        more: Callable[[], list[WorkUnit]] = list,
+        linger_s: Callable[[], float] = float,
     ):
         self.pending: deque[WorkUnit] = deque(units)
+        self.more = more
+        """Asked for further units whenever ``pending`` runs dry (the runner plans per unit)."""
         self.retry: deque[WorkUnit] = deque()
         self.deferred: list[WorkUnit] = []
         """Units held by other workers when we came by: looked at again later."""
         self._revisited = time.monotonic()
         self.linger_s = linger_s
+        """How long to wait on units others hold once nothing else is left (0: do not)."""
         self._linger_since: float | None = None
         self.error_rows: set[str] = set()
         """Committed units whose error rows are to be generated again (--retry-errors)."""
@@ -110,6 +115,10 @@ class ClaimingSource:
                 claimed = self._try(unit)
                 if claimed is not None:
                     return claimed
+            extra = self.more()
+            if extra:
+                self.pending.extend(extra)
+                continue
             # Units other workers held: look again now and then, since a holder that stops
             # (a signal, a crash) hands them back or lets its lease go stale.
             if not self.deferred or time.monotonic() - self._revisited < REVISIT_S:
@@ -180,7 +189,7 @@ class ClaimingSource:
         # Others still hold units: wait a while, to take over any they hand back or abandon.
         if self._linger_since is None:
             self._linger_since = time.monotonic()
-        return time.monotonic() - self._linger_since >= self.linger_s
+        return time.monotonic() - self._linger_since >= self.linger_s()
 
     def lingering(self) -> bool:
         return self._linger_since is not None

@@ -13,13 +13,15 @@ per K follows from any domain measured at that K (tokens per step / rate), poole
 domains, so a K measured on one domain informs every other. ``batchspec tune`` measures every
 K of the grid on a sample of every domain; during a run, workers append their units to
 ``stats/<worker>.jsonl`` in the output directory and read each other's, so the estimates keep
-improving with the run. The chosen K per domain maximizes the predicted rate; a K is only ever
-chosen from measured step times (interpolated between measured K, never assumed).
+improving with the run. Each domain's best K maximizes its predicted rate; a K is only ever
+chosen from measured step times (interpolated between measured K, never assumed). Since vLLM
+fixes K per engine, ``KPolicy.plan`` then weighs the domains' best K against engine starts
+over the whole remaining work, and ``KPolicy.probe`` spends a little of it on measuring a K
+nobody ran yet.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -308,6 +310,8 @@ class KPolicy:
             spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.per_domain
         )
         self.shared = SharedStats(out_dir, worker)
+        self._taken: dict[str | None, tuple[int, int]] = {}
+        """Per domain: units taken, and how many of them ran away from their planned K."""
         self.build_s: float | None = None
         """Seconds to start an engine, as last measured: what a switch of K costs."""
         tuning = read_tuning(tuning_path(out_dir)) if self.adaptive else None
@@ -367,6 +371,39 @@ class KPolicy:
                         best = (cost, assign)
         return {d: c.k for d, c in choices.items()} if best is None else best[1]
 
+    def probe(
+        self, rows: dict[str | None, int], plan: dict[str | None, int]
+    ) -> tuple[str | None, int] | None:
+        """A (domain, K) worth one unit on an engine of its own, to measure a K no unit has run.
+
+        The plan only weighs K with a measured step time, so a run that starts at one K (no
+        tuning file) would otherwise stay there. When the predicted time of the rows left is
+        large enough that two engine starts (there and back) are at most ``explore`` of it,
+        one unit of the domain with the most rows runs at an unmeasured grid neighbour of its
+        planned K; the measurement then informs every domain's prediction at that K.
+        """
+        if not self.adaptive or self.build_s is None:
+            return None
+        measured = self.ctl.step_times()
+        if not measured:
+            return None
+        left = 0.0
+        for d, n in rows.items():
+            rate = self.ctl.rate(d, plan[d])
+            if rate:
+                left += n * self.tokens_per_row(d) / (self.ctl.batch * rate)
+        if 2 * self.build_s > self.spec.speculative.explore * left:
+            return None
+        grid = self.ctl.k_grid
+        for d in sorted(rows, key=lambda x: -rows[x]):
+            if d in self.ctl.fixed or plan[d] not in grid:
+                continue
+            i = grid.index(plan[d])
+            for j in (i + 1, i - 1):
+                if 0 <= j < len(grid) and grid[j] not in measured:
+                    return d, grid[j]
+        return None
+
     def tokens_per_row(self, domain: str | None) -> float:
         rows = tokens = 0
         for (d, _), ob in self.ctl.obs.items():
@@ -375,15 +412,21 @@ class KPolicy:
                 tokens += ob.output_tokens
         return tokens / rows if rows else float(self.spec.sampling.max_tokens)
 
-    def explores(self, unit_id: str, domain: str | None, best: int, engine_k: int) -> bool:
-        """Run this unit at ``engine_k``, a grid neighbour of its domain's K ``best``, to
-        measure it there."""
-        if not self.adaptive or domain in self.spec.speculative.per_domain:
+    def explores(self, domain: str | None, best: int, engine_k: int) -> bool:
+        """Whether the next unit of this domain, planned at ``best``, should run at
+        ``engine_k``, a grid neighbour, to keep measuring it: while fewer than ``explore`` of
+        the domain's units this worker took ran away from their planned K."""
+        if not self.adaptive or domain in self.ctl.fixed:
             return False
         grid = self.ctl.k_grid
         if best not in grid or engine_k not in grid:
             return False
         if abs(grid.index(best) - grid.index(engine_k)) != 1:
             return False
-        digest = int(hashlib.sha1(unit_id.encode()).hexdigest()[:8], 16)
-        return digest / 0xFFFFFFFF < self.spec.speculative.explore
+        took, explored = self._taken.get(domain, (0, 0))
+        return explored < self.spec.speculative.explore * (took + 1)
+
+    def taken(self, domain: str | None, explored: bool) -> None:
+        """Count a unit the worker took, for the exploring quota."""
+        took, n = self._taken.get(domain, (0, 0))
+        self._taken[domain] = (took + 1, n + explored)

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,33 @@ def load_tokenizer(pre: Preflight, spec: JobSpec) -> Any:
     return AutoTokenizer.from_pretrained(str(path))
 
 
+class Remaining:
+    """The units a worker may still run: one queue per domain in plan order, rows left per
+    domain (kept as units are taken, so planning per unit stays cheap on huge plans)."""
+
+    def __init__(self, units: list[WorkUnit]):
+        self.queues: dict[str | None, deque[tuple[int, WorkUnit]]] = {}
+        for i, u in enumerate(units):
+            self.queues.setdefault(u.domain, deque()).append((i, u))
+        self.rows = {d: sum(u.num_rows for _, u in q) for d, q in self.queues.items()}
+        """Rows left per domain; only domains with units left."""
+
+    def __bool__(self) -> bool:
+        return bool(self.queues)
+
+    def first(self, domains: list[str | None]) -> str | None:
+        """Of these domains, the one whose next unit comes first in the plan."""
+        heads = [(self.queues[d][0][0], i) for i, d in enumerate(domains)]
+        return domains[min(heads)[1]] if heads else None
+
+    def pop(self, domain: str | None) -> WorkUnit:
+        _, unit = self.queues[domain].popleft()
+        self.rows[domain] -= unit.num_rows
+        if not self.queues[domain]:
+            del self.queues[domain], self.rows[domain]
+        return unit
+
+
 class Worker:
     """One worker of a run: every unit of the plan that it can claim, K group by K group."""
 
@@ -177,19 +205,15 @@ class Worker:
         self._source: ClaimingSource | None = None
         threading.Thread(target=self._on_stop, name="stop-release", daemon=True).start()
         engine: Engine | None = None
+        self.remaining = Remaining(todo)
         try:
             with self.stop.installed():
-                remaining = list(todo)
-                while remaining and not self.stop.stopping:
-                    k, group = self._next_group(remaining, engine)
-                    taken = {u.unit_id for u in group}
-                    remaining = [u for u in remaining if u.unit_id not in taken]
+                while self.remaining and not self.stop.stopping:
+                    k, first = self._next_group(engine)
                     if engine is not None and engine.k != k:
                         self._close(engine, stats)
                         engine = None
-                    # Waiting on other workers' units only pays once nothing else is left.
-                    linger = 0.0 if remaining else self.spec.execution.linger_s
-                    engine = self._run_group(k, group, stats, bar, error_rows, engine, linger)
+                    engine = self._run_group(k, first, stats, bar, error_rows, engine)
         finally:
             if engine is not None:
                 self._close(engine, stats)
@@ -205,33 +229,60 @@ class Worker:
         if self._source is not None:
             self._source.release_unstarted()
 
-    def _next_group(
-        self, remaining: list[WorkUnit], engine: Engine | None
-    ) -> tuple[int, list[WorkUnit]]:
-        """The K to run next and its units, as the policy plans the rest of the work now.
-
-        The current engine's K goes first if the plan keeps it, otherwise the planned K with
-        the most rows. Units of a domain planned at a grid neighbour of that K now and then
-        ride along, to keep measuring it.
-        """
+    def _plan(self, engine_k: int | None) -> dict[str | None, int]:
+        """The policy's K per domain for the units left, re-made from the latest
+        measurements (this worker's and the others')."""
         self.policy.refresh()
-        rows: dict[str | None, int] = {}
-        for u in remaining:
-            rows[u.domain] = rows.get(u.domain, 0) + u.num_rows
-        k_of = self.policy.plan(rows, None if engine is None else engine.k)
+        return self.policy.plan(self.remaining.rows, engine_k)
+
+    def _take(self, k: int, k_of: dict[str | None, int]) -> list[WorkUnit]:
+        """The next unit to run at K (in plan order): planned there, or riding along to
+        measure K for its domain."""
+        rows = self.remaining.rows
+        planned = [d for d in rows if k_of[d] == k]
+        riding = [d for d in rows if k_of[d] != k and self.policy.explores(d, k_of[d], k)]
+        domain = self.remaining.first(planned + riding)
+        if domain is None:
+            return []
+        self.policy.taken(domain, explored=k_of[domain] != k)
+        return [self.remaining.pop(domain)]
+
+    def _next_group(self, engine: Engine | None) -> tuple[int, list[WorkUnit]]:
+        """The K of the next engine and its first unit.
+
+        The current engine's K if the plan still runs units there, otherwise the planned K
+        with the most rows left; where much work is left and a neighbouring K was never
+        measured, first a single unit there (``KPolicy.probe``).
+        """
+        k_of = self._plan(None if engine is None else engine.k)
+        probe = self.policy.probe(self.remaining.rows, k_of)
+        if probe is not None:
+            domain, k = probe
+            self.policy.taken(domain, explored=True)
+            return k, [self.remaining.pop(domain)]
         rows_by_k: dict[int, int] = {}
-        for d, n in rows.items():
+        for d, n in self.remaining.rows.items():
             rows_by_k[k_of[d]] = rows_by_k.get(k_of[d], 0) + n
         if engine is not None and engine.k in rows_by_k:
             k = engine.k
         else:
             k = max(rows_by_k, key=lambda x: (rows_by_k[x], -x))
-        group = [
-            u
-            for u in remaining
-            if k_of[u.domain] == k or self.policy.explores(u.unit_id, u.domain, k_of[u.domain], k)
-        ]
-        return k, group
+        return k, self._take(k, k_of)
+
+    def _more(self, k: int) -> list[WorkUnit]:
+        """Asked by the engine's source whenever it needs a unit: K is decided per unit, and
+        the engine's batch stays full as long as the plan keeps running units at K."""
+        if not self.remaining:
+            return []
+        k_of = self._plan(k)
+        probe = self.policy.probe(self.remaining.rows, k_of)
+        if probe is not None and probe[1] != k:
+            return []
+        return self._take(k, k_of)
+
+    def _linger_s(self) -> float:
+        """Waiting on units other workers hold only pays once nothing else is left."""
+        return 0.0 if self.remaining else self.spec.execution.linger_s
 
     def _close(self, engine: Engine, stats: RunStats) -> None:
         started = time.perf_counter()
@@ -246,15 +297,21 @@ class Worker:
         bar: tqdm,
         error_rows: set[str],
         engine: Engine | None,
-        linger_s: float,
     ) -> Engine | None:
-        """All claimable units of one K; returns the engine, still up for the next group.
+        """Units at one K, as long as the plan keeps giving them; returns the engine, still
+        up for the next group.
 
         After an engine failure the units in flight go back to the source and a new engine
         is built, until they commit or run out of attempts.
         """
         source = ClaimingSource(
-            units, self.out_dir, self.leases, self.failures, self.stop, self.spec.execution.linger_s
+            units,
+            self.out_dir,
+            self.leases,
+            self.failures,
+            self.stop,
+            more=lambda: self._more(k),
+            linger_s=self._linger_s,
         )
         source.error_rows = error_rows
         self._source = source

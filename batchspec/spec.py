@@ -147,8 +147,10 @@ class SpeculativeSpec(_Section):
         0.05,
         ge=0,
         le=1,
-        description="Share of units of a domain run at a neighbouring K when an engine with "
-        "that K is up anyway, to keep measuring it.",
+        description="How much measuring other K may cost: the share of a domain's units run "
+        "at a neighbouring K when an engine with that K is up anyway, and the share of the "
+        "remaining work's predicted time that the engine starts for trying an unmeasured "
+        "neighbouring K may take.",
     )
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Further speculative_config keys, passed through."

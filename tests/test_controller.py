@@ -198,3 +198,30 @@ def test_fixed_domains_keep_their_k_in_a_plan_and_share_its_engine(tmp_path) -> 
     # A start of 1 s is worth it: "a" gets an engine at its own best K.
     policy.build_s = 1.0
     assert policy.plan({"a": 800, "f": 8}, 0) == {"a": 1, "f": 0}
+
+
+def test_a_never_measured_neighbour_k_is_probed_only_when_much_work_is_left(tmp_path) -> None:
+    # Only K=0 and K=3 measured; the grid is [0, 1, 3]: K=1 is 3's unmeasured neighbour.
+    policy = policy_with_rates(
+        tmp_path, {("a", 0): 10.0, ("a", 3): 14.0, ("b", 0): 12.0, ("b", 3): 11.0}
+    )
+    plan = {"a": 3, "b": 0}
+    assert policy.probe({"a": 8000, "b": 80}, plan) is None  # no engine start measured yet
+    policy.build_s = 25.0
+    # 8000 rows of "a" at 100 tokens, batch 8, 14 tok/s: ~7100 s left; two starts are 0.7 %.
+    assert policy.probe({"a": 8000, "b": 80}, plan) == ("a", 1)
+    # 16 rows: ~14 s left, far less than the two starts are worth at explore = 0.05.
+    assert policy.probe({"a": 16, "b": 16}, plan) is None
+    policy.ctl.add(Observation("b", 1, 8, rows=10, output_tokens=1000, running_s=80.0))
+    assert policy.probe({"a": 8000, "b": 80}, plan) is None  # K=1 is measured now
+
+
+def test_units_ride_along_at_a_neighbouring_k_up_to_the_explore_share(tmp_path) -> None:
+    policy = policy_with_rates(tmp_path, {("a", 0): 10.0, ("a", 1): 14.0})
+    assert not policy.explores("a", 3, 0)  # not a grid neighbour of K=3
+    rode = 0
+    for _ in range(100):
+        ride = policy.explores("a", 1, 0)
+        rode += ride
+        policy.taken("a", explored=ride)
+    assert rode == 5  # explore = 0.05 of the units

@@ -91,3 +91,23 @@ def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
     # Both engines' units fed the shared measurements the next worker will read.
     stats = list((tmp_path / "out" / "stats").glob("*.jsonl"))
     assert len(stats) == 1 and len(stats[0].read_text().splitlines()) == out["unit_id"].n_unique()
+
+
+def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path) -> None:
+    job = small_job(
+        tmp_path, 4, speculative={"k_grid": [0, 3, 5], "explore": 1.0}, sampling={"max_tokens": 16}
+    )
+    path = tuning_path(tmp_path / "out")
+    fabricated_tuning(path, {d: 3 for d in DOMAINS})  # measured at K=0 and 3 only
+    data = json.loads(path.read_text())
+    data["k_grid"] = [0, 3, 5]
+    data["engine_build_s"] = 0.01  # so cheap that even these 24 rows are worth a probe
+    write_tuning(path, data)
+    result = run_cli("run", str(job), "--no-progress")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
+    assert out.height == 24
+    probed = out.filter(pl.col("num_speculative_tokens") == 5)
+    assert probed["unit_id"].n_unique() >= 1 and probed["num_spec_steps"].sum() > 0
+    (log,) = (json.loads(p.read_text()) for p in (tmp_path / "out" / "runs").glob("*.json"))
+    assert log["engines"][0]["num_speculative_tokens"] == 5  # the probe came first
