@@ -209,15 +209,21 @@ class Controller:
             return Choice(domain, self.fixed[domain], None, None)
         model = self.domain_model(domain)
         steps = self.step_times()
-        rates: dict[int, float] = {}
+        predicted: dict[int, float] = {}
+        measured: dict[int, float] = {}
         for k in self.k_grid:
+            step = self._step_time(k, steps)
+            if step is not None:
+                predicted[k] = model.tokens_per_step(k) / step
             rate = self.measured_rate(domain, k)
-            if rate is None:
-                step = self._step_time(k, steps)
-                if step is None:
-                    continue
-                rate = model.tokens_per_step(k) / step
-            rates[k] = rate
+            if rate is not None:
+                measured[k] = rate
+        # Step times are pooled over domains, but a domain with long prompts steps slower at
+        # every K, and its extra cost per draft differs too: the domain's own rates win where
+        # it has them, and scale the model's level for the K it lacks.
+        both = [k for k in measured if k in predicted]
+        scale = sum(measured[k] for k in both) / sum(predicted[k] for k in both) if both else 1.0
+        rates = dict(sorted(({k: r * scale for k, r in predicted.items()} | measured).items()))
         has_acceptance = model.accepted + model.rejections > 0
         if not rates or (not has_acceptance and not any(k == 0 for k in rates)):
             k = self.default_k

@@ -115,6 +115,27 @@ def test_k_between_measured_points_is_interpolated_never_extrapolated() -> None:
     )
 
 
+def test_a_domains_own_rates_set_the_level_of_its_predicted_ones() -> None:
+    ctl = Controller(8, [0, 3], default_k=3)
+    for ob in costs_observations(0.5, lambda k: 1.0 + 0.2 * k, [0, 3], domain="short"):
+        ctl.add(ob)
+    # "long" decodes 4x slower (long prompts); only its K=0 is measured long enough.
+    ctl.add(
+        Observation("long", 0, 8, rows=50, output_tokens=4000, running_s=16000.0, decode_steps=4000)
+    )
+    hist = [50, 25, 13, 12]  # about alpha 0.5, too few tokens for a rate of its own
+    ctl.add(observation("long", 3, hist, rate=0.25 * expected_tokens(0.5, 3) / 1.6))
+    rates = ctl.choose("long").rates
+    assert rates[0] == pytest.approx(0.25)
+    # K=3 is predicted at long's own level, not at the pooled one (which would make it ~4x
+    # faster than long's measured K=0 and always win), with the model's ratio to K=0.
+    model = ctl.domain_model("long")
+    steps = ctl.step_times()
+    ratio = model.tokens_per_step(3) / steps[3] / (1.0 / steps[0])
+    assert rates[3] == pytest.approx(0.25 * ratio, rel=0.01)
+    assert rates[3] < 0.5
+
+
 def test_without_measurements_keeps_the_spec_k_and_fixed_domains_stay() -> None:
     ctl = Controller(8, [0, 1, 3], default_k=3, fixed={"math": 0})
     assert ctl.choose("code").k == 3
