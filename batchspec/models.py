@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from batchspec.errors import UserError
 
@@ -150,3 +151,13 @@ def resolve_model(
     if not (path / "config.json").is_file():
         raise UserError(f"{field}: {ref} has no config.json (not a Hugging Face model directory)")
     return path
+
+
+def load_tokenizer(path: Path, field: str) -> Any:
+    """The tokenizer (and chat template) in a model directory; a failure names the spec field."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:
+        raise UserError(f"{field}: cannot load a tokenizer from {path} ({exc})") from None

@@ -3,7 +3,8 @@
 Every key is checked here, before anything expensive starts, so that a typo costs a one-line
 error rather than an engine start. Where a key maps to a vLLM parameter it carries vLLM's name
 (``max_model_len``, ``num_speculative_tokens``, ``prompt_lookup_min``, ``max_num_seqs`` ...), so
-a vLLM user can read a spec without a glossary.
+a vLLM user can read a spec without a glossary. Each field's description is the one place it
+is documented: the README's job-spec reference is generated from them (``spec_docs``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,43 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from batchspec.errors import UserError
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
+
+OUTPUT_NEUTRAL: frozenset[str] = frozenset(
+    {
+        "name",
+        "output.dir",
+        "model.tensor_parallel_size",
+        "model.max_num_seqs",
+        "model.gpu_memory_utilization",
+        "model.enforce_eager",
+        "speculative.method",
+        "speculative.model",
+        "speculative.num_speculative_tokens",
+        "speculative.prompt_lookup_min",
+        "speculative.prompt_lookup_max",
+        "speculative.draft_tensor_parallel_size",
+        "speculative.per_domain",
+        "speculative.adaptive",
+        "speculative.k_grid",
+        "speculative.explore",
+        "execution",
+    }
+)
+"""Spec keys (or whole sections) that change how fast rows are generated, never which rows, so
+they are left out of the content hash and may change between runs into one output directory:
+where output goes, batch size and parallelism, and all of speculation (lossless: it keeps the
+target's output distribution; every row records the method and K it ran with). Every other key
+is hashed, so a new key binds the output directory unless it is added here, with its reason."""
+
+
+def _shown(default: str) -> dict[str, Any]:
+    """How the reference shows a default that is not a plain value (computed, or vLLM's)."""
+    return {"shown_default": default}
 
 
 class _Section(BaseModel):
@@ -31,28 +63,33 @@ class _Section(BaseModel):
 class InputSpec(_Section):
     """Where the prompts come from and which columns mean what."""
 
-    path: str = Field(description="Parquet file, directory or glob; relative to the spec file.")
-    id_column: str = Field("id", description="Column with a unique id per row, copied to output.")
+    path: str = Field(
+        description="Parquet file, directory (all `*.parquet` below it) or glob; relative to "
+        "the spec file"
+    )
+    id_column: str = Field("id", description="unique row id, copied to the output's `id`")
     prompt_column: str | None = Field(
-        None, description="Column with the prompt text (exclusive with messages_column)."
+        None,
+        description="prompt text (set this or `messages_column`)",
+        json_schema_extra=_shown("–"),
     )
     messages_column: str | None = Field(
         None,
-        description="Column with OpenAI-style chat messages: a list of {role, content} structs.",
+        description="OpenAI-style chat: a list of `{role, content}` structs",
+        json_schema_extra=_shown("–"),
     )
     apply_chat_template: bool = Field(
         True,
-        description="Wrap prompt_column text as one user message and apply the model's chat "
-        "template (an instruct model expects it); false sends the text as is.",
+        description="wrap `prompt_column` text as one user turn and apply the model's chat "
+        "template (an instruct model expects it); `false` sends the raw text",
     )
-    system_prompt: str | None = Field(
-        None, description="System message prepended to every chat (prompt or messages rows)."
-    )
+    system_prompt: str | None = Field(None, description="system turn prepended to chats without")
     domain_column: str | None = Field(
-        None, description="Column naming each row's domain; speculation is tuned per domain."
+        None,
+        description="the row's domain: units are single-domain and speculation is set per domain",
     )
     passthrough_columns: list[str] = Field(
-        default_factory=list, description="Input columns copied unchanged to every output row."
+        default_factory=list, description="input columns copied to every output row"
     )
 
     @model_validator(mode="after")
@@ -65,95 +102,112 @@ class InputSpec(_Section):
 class OutputSpec(_Section):
     """Where results go."""
 
-    dir: str = Field(description="Output directory (created); relative to the spec file.")
+    dir: str = Field(description="output directory (created); relative to the spec file")
     unit_rows: int = Field(
-        256,
-        ge=1,
-        le=1_000_000,
-        description="Rows per work unit: the granule of commit and of resume.",
+        256, ge=1, le=1_000_000, description="rows per work unit: the granule of commit and resume"
     )
 
 
 class ModelSpec(_Section):
-    """The target model and the engine that serves it (``vllm.LLM`` arguments)."""
+    """The target model and the engine that serves it (arguments of `vllm.LLM`)."""
 
     model: str = Field(
-        description="Target model directory, or builtin:<name> for an embedded model."
+        description="target: a Hugging Face model directory, or `builtin:smollm2-135m-instruct`"
     )
-    tokenizer: str | None = Field(None, description="Tokenizer directory; default: the model's.")
+    tokenizer: str | None = Field(
+        None, description="tokenizer directory", json_schema_extra=_shown("the model's")
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Weights and activations dtype (vLLM's dtype)."
+        "auto", description="weights and activations: `auto`, `float32`, `bfloat16`, `float16`"
     )
     max_model_len: int | None = Field(
-        None, ge=16, description="Context length (prompt + output); default: the model's."
+        None,
+        ge=16,
+        description="context length (prompt + output); longer prompts become error rows",
+        json_schema_extra=_shown("the model's"),
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (vLLM's).")
-    max_num_seqs: int = Field(
-        64, ge=1, description="Most sequences decoded together: the batch size (vLLM's)."
-    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine")
+    max_num_seqs: int = Field(64, ge=1, description="batch size: sequences decoded together")
     gpu_memory_utilization: float | None = Field(
         None,
         gt=0,
         le=1,
-        description="Memory fraction for weights and KV cache; on CPU vLLM reads it as the "
-        "fraction of host memory. Default: vLLM's on GPU, 0.3 on CPU.",
+        description="memory fraction for weights and KV cache (on CPU: of host memory); unset "
+        "on CPU, the KV cache holds `max_num_seqs` full-length sequences (a faster start)",
+        json_schema_extra=_shown("vLLM's; sized to the job on CPU"),
     )
     enforce_eager: bool = Field(
-        False, description="Skip graph capture/compilation: faster start, slower steps."
+        False, description="no graph capture / compilation: faster start, slower steps"
     )
-    seed: int = Field(0, description="Engine seed (vLLM's).")
+    seed: int = Field(0, description="engine seed")
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Any further vllm.LLM keyword, passed through unchanged.",
+        description="any other `vllm.LLM` keyword, passed through (in the spec hash: "
+        "quantization or revision change outputs)",
     )
 
 
 class SpeculativeSpec(_Section):
-    """Speculative decoding: vLLM's ``speculative_config`` plus per-domain K."""
+    """Speculative decoding: vLLM's `speculative_config`, plus K per domain. vLLM fixes K when
+    an engine is built, so a job with several K builds one engine per K and runs each K's
+    units together."""
 
-    method: SpecMethod = Field("none", description="Speculation method; none turns it off.")
+    method: SpecMethod = Field(
+        "none", description="`none`, `draft_model`, `eagle`, `eagle3`, `ngram`, `suffix`, `mtp`"
+    )
     model: str | None = Field(
         None,
-        description="Draft model directory (draft_model, eagle, eagle3), or builtin:<name>.",
+        description="draft model / EAGLE head directory or `builtin:` name (needed by "
+        "`draft_model`, `eagle`, `eagle3`)",
+        json_schema_extra=_shown("–"),
     )
     num_speculative_tokens: int = Field(
-        3, ge=0, le=64, description="Tokens proposed per step (K); 0 turns speculation off."
+        3,
+        ge=0,
+        le=64,
+        description="K, tokens proposed per step; 0 turns speculation off; where the "
+        "controller starts",
     )
     prompt_lookup_min: int | None = Field(
-        None, ge=1, description="n-gram: shortest suffix matched against the context."
+        None,
+        ge=1,
+        description="n-gram: shortest suffix matched against the context",
+        json_schema_extra=_shown("vLLM's"),
     )
     prompt_lookup_max: int | None = Field(
-        None, ge=1, description="n-gram: longest suffix matched against the context."
+        None,
+        ge=1,
+        description="n-gram: longest suffix matched against the context",
+        json_schema_extra=_shown("vLLM's"),
     )
     draft_tensor_parallel_size: int | None = Field(
-        None, ge=1, description="Draft model tensor parallelism (vLLM's)."
+        None, ge=1, description="draft model tensor parallelism", json_schema_extra=_shown("vLLM's")
     )
     per_domain: dict[str, int] = Field(
         default_factory=dict,
-        description="K per domain, fixed: overrides num_speculative_tokens and the adaptive "
-        "controller; 0 turns speculation off for that domain.",
+        description="K per domain, fixed, e.g. `{math: 0, code: 5}`; 0 = no speculation for "
+        "that domain; the controller leaves these alone",
     )
     adaptive: bool = Field(
         True,
-        description="Pick K per domain (0 = no speculation) from measured acceptance and step "
-        "cost: a tuning file (batchspec tune) and the run's own units. Starts from "
-        "num_speculative_tokens until measurements say otherwise.",
+        description="pick K per domain (0 = off) from measured acceptance and step cost: a "
+        "tuning file (`batchspec tune`) and the run's own units (see *Choosing K*)",
     )
     k_grid: list[int] = Field(
         default_factory=lambda: [0, 1, 2, 3, 5, 8],
-        description="K values the controller (and batchspec tune) considers.",
+        description="the K the controller and `tune` consider",
     )
     explore: float = Field(
         0.05,
         ge=0,
         le=1,
-        description="How much measuring other K may cost: the share of a domain's units run "
+        description="how much measuring other K may cost: the share of a domain's units run "
         "at a neighbouring K when an engine with that K is up anyway, and the share of the "
-        "remaining work's predicted time that the engine starts for trying an unmeasured "
-        "neighbouring K may take.",
+        "remaining work's predicted time that two engine starts for trying a never-measured "
+        "neighbouring K may take",
     )
     extra: dict[str, Any] = Field(
-        default_factory=dict, description="Further speculative_config keys, passed through."
+        default_factory=dict, description="further `speculative_config` keys, passed through"
     )
 
     @field_validator("per_domain")
@@ -192,43 +246,48 @@ class SpeculativeSpec(_Section):
 
 
 class SamplingSpec(_Section):
-    """Sampling parameters (vLLM's SamplingParams names)."""
+    """Sampling parameters (vLLM's `SamplingParams`)."""
 
-    temperature: float = Field(0.0, ge=0, description="0 means greedy.")
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1, description="-1 means no top-k cut.")
-    max_tokens: int = Field(256, ge=1, description="Most new tokens per row.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus cut: 1 = none")
+    top_k: int = Field(-1, ge=-1, description="top-k cut: -1 = none")
+    max_tokens: int = Field(256, ge=1, description="new tokens per row, at most")
+    stop: list[str] = Field(default_factory=list, description="stop strings")
     seed: int | None = Field(
-        None, description="Per-request seed base: row i samples with seed + i (reproducible)."
+        None,
+        description="per-row seed base: row *i* of file *f* samples with a seed derived from "
+        "(seed, f, i), so a row's sample does not depend on its batch; none = unseeded",
     )
 
 
 class ExecutionSpec(_Section):
-    """How workers cooperate; none of it changes the output, so it is outside the spec hash."""
+    """How workers cooperate: none of it changes the output, so change it between runs freely."""
 
     lease_timeout_s: float = Field(
         300.0,
         gt=0,
-        description="A lease not renewed for this long is taken over (the holder is presumed "
-        "dead); holders on the same host are checked by process id at once.",
+        description="a lease not renewed for this long is taken over; a holder on the same "
+        "host whose process is gone is taken over at once",
     )
-    heartbeat_s: float = Field(20.0, gt=0, description="How often a worker renews its leases.")
+    heartbeat_s: float = Field(
+        20.0, gt=0, description="how often a worker renews its leases (at most half the timeout)"
+    )
     max_unit_attempts: int = Field(
-        3, ge=1, description="Engine failures tolerated per unit before it is marked failed."
+        3,
+        ge=1,
+        description="engine failures tolerated per unit before it is marked failed for this run",
     )
     linger_s: float = Field(
         300.0,
         ge=0,
-        description="After its own work, how long a worker waits on units other workers "
-        "still hold, to take over any they hand back or abandon (an abandoned lease goes "
-        "stale after lease_timeout_s). 0: exit as soon as nothing is claimable.",
+        description="after its own work, how long a worker waits on units others still hold, "
+        "to take over any they hand back or abandon; 0 = exit as soon as nothing is claimable",
     )
     shutdown_grace_s: float = Field(
         30.0,
         ge=0,
-        description="On SIGTERM/SIGINT: how long to finish units in flight before abandoning "
-        "them (keep it below Slurm's signal lead time).",
+        description="on SIGTERM/SIGINT, time to finish units in flight before handing them "
+        "back (keep it below Slurm's signal lead time)",
     )
 
     @model_validator(mode="after")
@@ -247,7 +306,7 @@ class JobSpec(_Section):
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
-    name: str | None = Field(None, description="Job name shown in reports.")
+    name: str | None = Field(None, description="job name, shown in reports and Slurm")
     base_dir: str = Field(".", exclude=True)
 
     def resolve(self, path: str) -> Path:
@@ -274,96 +333,15 @@ class JobSpec(_Section):
         return files
 
     def content_hash(self) -> str:
-        """Hash of what decides the rows and their distribution; a run dir is tied to it.
-
-        How fast they are generated is left out (speculation method and K, batch size, memory,
-        graph capture, execution settings): speculative decoding does not change the target's
-        output distribution, so K may change between runs, and within one as the controller
-        tunes it. Every row records the method and K it was generated with.
-        """
-        data = self.model_dump(
-            mode="json",
-            include={
-                "input": True,
-                "output": {"unit_rows"},
-                "model": {"model", "tokenizer", "dtype", "max_model_len", "seed"},
-                "sampling": True,
-            },
-        )
+        """Hash of every key that decides the rows and their distribution: all but
+        ``OUTPUT_NEUTRAL``. An output directory is bound to it."""
+        exclude: dict[str, Any] = {}
+        for dotted in OUTPUT_NEUTRAL:
+            section, _, key = dotted.partition(".")
+            if key:
+                exclude.setdefault(section, {})[key] = True
+            else:
+                exclude[section] = True
+        data = self.model_dump(mode="json", exclude=exclude)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = data
-    for key in keys[:-1]:
-        child = node.get(key)
-        if child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
-            raise UserError(f"--set {dotted}: {key!r} is not a section")
-        node = child
-    node[keys[-1]] = value
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """``key.path=value`` with the value read as YAML (so 3 is an int, [a, b] a list)."""
-    if "=" not in item:
-        raise UserError(f"--set {item!r}: expected key.path=value")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise UserError(f"--set {item!r}: empty key")
-    try:
-        return key, yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        problem = exc.__class__.__name__
-        raise UserError(f"--set {key}: value is not valid YAML ({problem})") from None
-
-
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem, field path first, the way a user would look it up."""
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        msg = msg.removeprefix("Value error, ")
-        if "input" in err and err["type"] not in ("missing", "extra_forbidden"):
-            shown = repr(err["input"])
-            if len(shown) <= 60:
-                msg += f" (got {shown})"
-        parts.append(f"{loc}: {msg}")
-    return f"{source}: " + "; ".join(parts)
-
-
-def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
-    """Read, override and validate a job spec; every failure is a one-line UserError."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read job spec ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or exc.__class__.__name__
-        raise UserError(f"{path}: invalid YAML{where}: {problem}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: a job spec is a YAML mapping with input, output and model")
-    for item in overrides:
-        key, value = parse_override(item)
-        _set_path(data, key, value)
-    data.pop("base_dir", None)
-    try:
-        return JobSpec(**data, base_dir=str(path.resolve().parent))
-    except ValidationError as exc:
-        raise UserError(format_validation_error(exc, str(path))) from None
-    except TypeError as exc:
-        raise UserError(f"{path}: {exc}") from None

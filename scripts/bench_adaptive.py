@@ -58,7 +58,7 @@ def variant(spec, out: Path, batch: int, **speculative):
 
 def timed_run(spec, limit: int | None = None) -> tuple[float, int, pl.DataFrame, int]:
     """Generation seconds (engine start/stop excluded), output tokens, rows, engines built."""
-    from batchspec.runner import run_job
+    from batchspec.work.worker import run_job
 
     stats = run_job(spec, limit=limit, progress=False)
     seconds = stats.wall_s - stats.engine_build_s - stats.engine_close_s
@@ -75,7 +75,7 @@ def domain_rates(rows: pl.DataFrame) -> dict[str, float]:
 
 
 def main() -> None:
-    from batchspec.spec import load_spec
+    from batchspec.spec_file import load_spec
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_data.yaml"))
@@ -120,8 +120,8 @@ def main() -> None:
 
 
 def bench_batch(spec, tmp: Path, batch: int, rounds: int, tune_sample: int) -> None:
-    from batchspec.controller import tuning_path
-    from batchspec.tune import tune
+    from batchspec.io.layout import OutDir
+    from batchspec.speculation.tune import tune
 
     tuned = tmp / "tuning.json"
     started = time.perf_counter()
@@ -140,8 +140,8 @@ def bench_batch(spec, tmp: Path, batch: int, rounds: int, tune_sample: int) -> N
                 s = variant(spec, out, batch, adaptive=False, per_domain=best)
             elif config == "adaptive":
                 s = variant(spec, out, batch, adaptive=True)
-                tuning_path(out).parent.mkdir(parents=True)
-                shutil.copy(tuned, tuning_path(out))
+                OutDir(out).root.mkdir(parents=True)
+                shutil.copy(tuned, OutDir(out).tuning)
             else:
                 k = int(config[2:])
                 s = variant(spec, out, batch, adaptive=False, num_speculative_tokens=k)

@@ -46,8 +46,8 @@ def bare_vllm(spec, df: pl.DataFrame) -> tuple[float, int, list[str]]:
     from vllm import LLM
     from vllm.inputs import TokensPrompt
 
-    from batchspec.engine import engine_kwargs, sampling_params
-    from batchspec.inputs import PromptBuilder
+    from batchspec.engines.vllm_engine import engine_kwargs, sampling_params
+    from batchspec.io.inputs import PromptBuilder
 
     kwargs = engine_kwargs(spec, spec.speculative.num_speculative_tokens)
     tok = AutoTokenizer.from_pretrained(kwargs.get("tokenizer", kwargs["model"]))
@@ -69,7 +69,7 @@ def bare_vllm(spec, df: pl.DataFrame) -> tuple[float, int, list[str]]:
 
 def batchspec_run(spec, out_dir: Path) -> tuple[float, int, list[str]]:
     """Seconds of ``run_job`` less engine start and shutdown, output tokens, texts by id."""
-    from batchspec.runner import run_job
+    from batchspec.work.worker import run_job
 
     run_spec = spec.model_copy(
         update={"output": spec.output.model_copy(update={"dir": str(out_dir)})}
@@ -81,7 +81,7 @@ def batchspec_run(spec, out_dir: Path) -> tuple[float, int, list[str]]:
 
 
 def main() -> None:
-    from batchspec.spec import load_spec
+    from batchspec.spec_file import load_spec
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_data.yaml"))

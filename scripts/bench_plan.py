@@ -38,7 +38,7 @@ def write_input(path: Path, rows: int, row_group: int = 1_000_000) -> None:
 
 def plan_child(path: str, unit_rows: int, domain: str | None) -> None:
     """Runs in a fresh interpreter: plan, then print time, units and peak RSS as JSON."""
-    from batchspec.planner import plan_units
+    from batchspec.io.planner import plan_units
 
     started = time.perf_counter()
     units = plan_units([Path(path)], unit_rows, domain)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from batchspec.controller import Controller, DomainModel, Observation, expected_tokens
+from batchspec.speculation.estimator import Controller, DomainModel, Observation, expected_tokens
 
 
 def draw_histogram(alpha: float, k: int, steps: int, rng: random.Random) -> list[int]:
@@ -157,11 +157,13 @@ def policy_with_rates(tmp_path, rates: dict[tuple[str, int], float]):
     (100 tokens per row)."""
     from conftest import job_dict, write_job
 
-    from batchspec.controller import KPolicy
-    from batchspec.spec import load_spec
+    from batchspec.io.layout import OutDir
+    from batchspec.spec_file import load_spec
+    from batchspec.speculation.policy import KPolicy
 
     job = job_dict(tmp_path / "out", speculative={"k_grid": [0, 1, 3]})
-    policy = KPolicy(load_spec(write_job(tmp_path / "job.yaml", job)), tmp_path / "out", "w")
+    spec = load_spec(write_job(tmp_path / "job.yaml", job))
+    policy = KPolicy(spec, OutDir(tmp_path / "out"), "w")
     for (domain, k), rate in rates.items():
         policy.ctl.add(
             Observation(
@@ -195,30 +197,30 @@ def test_engines_are_planned_only_where_they_pay_for_their_start(tmp_path) -> No
     )
     rows = {"a": 800, "b": 800}  # 80,000 tokens each, on a batch of 8
     # Until an engine start is measured, every domain gets its own best K.
-    assert policy.plan(rows, None) == {"a": 3, "b": 0}
+    assert policy.decide(rows, None).plan == {"a": 3, "b": 0}
     # Two engines save 2 x (10,000/13 - 10,000/14) = 110 s over K=1 for both: worth 60 s...
-    policy.build_s = 60.0
-    assert policy.plan(rows, None) == {"a": 3, "b": 0}
-    assert policy.plan(rows, 3) == {"a": 3, "b": 0}
+    policy.measured_start(60.0)
+    assert policy.decide(rows, None).plan == {"a": 3, "b": 0}
+    assert policy.decide(rows, 3).plan == {"a": 3, "b": 0}
     # ...but not 200 s: one engine, the K best for the two together, not either one's best.
-    policy.build_s = 200.0
-    assert policy.plan(rows, None) == {"a": 1, "b": 1}
+    policy.measured_start(200.0)
+    assert policy.decide(rows, None).plan == {"a": 1, "b": 1}
     # With an engine up at K=3, the second engine must save its start: 16 rows cannot.
-    policy.build_s = 25.0
-    assert policy.plan({"a": 16, "b": 16}, 3) == {"a": 3, "b": 3}
-    assert policy.plan({"a": 16, "b": 800}, 3) == {"a": 3, "b": 0}
+    policy.measured_start(25.0)
+    assert policy.decide({"a": 16, "b": 16}, 3).plan == {"a": 3, "b": 3}
+    assert policy.decide({"a": 16, "b": 800}, 3).plan == {"a": 3, "b": 0}
 
 
 def test_fixed_domains_keep_their_k_in_a_plan_and_share_its_engine(tmp_path) -> None:
     policy = policy_with_rates(tmp_path, {("a", 0): 10.0, ("a", 1): 14.0, ("a", 3): 12.0})
     policy.ctl.fixed["f"] = 0
-    policy.build_s = 1e6
+    policy.measured_start(1e6)
     # "f" needs a K=0 engine whatever the plan; "a" stays on the engine that is up.
-    assert policy.plan({"a": 800, "f": 8}, 1) == {"a": 1, "f": 0}
-    assert policy.plan({"a": 800, "f": 8}, 3) == {"a": 3, "f": 0}
+    assert policy.decide({"a": 800, "f": 8}, 1).plan == {"a": 1, "f": 0}
+    assert policy.decide({"a": 800, "f": 8}, 3).plan == {"a": 3, "f": 0}
     # A start of 1 s is worth it: "a" gets an engine at its own best K.
-    policy.build_s = 1.0
-    assert policy.plan({"a": 800, "f": 8}, 0) == {"a": 1, "f": 0}
+    policy.measured_start(1.0)
+    assert policy.decide({"a": 800, "f": 8}, 0).plan == {"a": 1, "f": 0}
 
 
 def test_a_never_measured_neighbour_k_is_probed_only_when_much_work_is_left(tmp_path) -> None:
@@ -226,15 +228,16 @@ def test_a_never_measured_neighbour_k_is_probed_only_when_much_work_is_left(tmp_
     policy = policy_with_rates(
         tmp_path, {("a", 0): 10.0, ("a", 3): 14.0, ("b", 0): 12.0, ("b", 3): 11.0}
     )
-    plan = {"a": 3, "b": 0}
-    assert policy.probe({"a": 8000, "b": 80}, plan) is None  # no engine start measured yet
-    policy.build_s = 25.0
+    many, few = {"a": 8000, "b": 80}, {"a": 16, "b": 16}
+    assert policy.decide(many, None).probe is None  # no engine start measured yet
+    policy.measured_start(25.0)
     # 8000 rows of "a" at 100 tokens, batch 8, 14 tok/s: ~7100 s left; two starts are 0.7 %.
-    assert policy.probe({"a": 8000, "b": 80}, plan) == ("a", 1)
+    decision = policy.decide(many, None)
+    assert decision.plan["a"] == 3 and decision.probe == ("a", 1)
     # 16 rows: ~14 s left, far less than the two starts are worth at explore = 0.05.
-    assert policy.probe({"a": 16, "b": 16}, plan) is None
+    assert policy.decide(few, 3).probe is None
     policy.ctl.add(Observation("b", 1, 8, rows=10, output_tokens=1000, running_s=80.0))
-    assert policy.probe({"a": 8000, "b": 80}, plan) is None  # K=1 is measured now
+    assert policy.decide(many, 3).probe is None  # K=1 is measured now
 
 
 def test_units_ride_along_at_a_neighbouring_k_up_to_the_explore_share(tmp_path) -> None:

@@ -10,11 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from batchspec.cluster.launch import gpu_slices
+from batchspec.cluster.slurm import SubmitOptions, render_script
 from batchspec.errors import UserError
-from batchspec.launch import gpu_slices
-from batchspec.leases import Leases
-from batchspec.slurm import SubmitOptions, render_script
-from batchspec.status import format_status, run_status
+from batchspec.io.layout import OutDir
+from batchspec.observe.status import format_status, run_status
+from batchspec.work.leases import Leases
 
 
 def test_gpu_slices_by_tensor_parallel_size() -> None:
@@ -36,7 +37,8 @@ def test_sbatch_script(tmp_path: Path) -> None:
         signal_lead_s=300,
         extra=["--exclusive"],
     )
-    script = render_script(Path("/jobs/j.yaml"), tmp_path, ["--set=sampling.seed=1"], opts, 1)
+    out = OutDir(tmp_path)
+    script = render_script(Path("/jobs/j.yaml"), out, ["--set=sampling.seed=1"], opts, 1)
     for line in [
         "#SBATCH --array=0-3",
         f"#SBATCH --output={tmp_path}/slurm/%A_%a.log",
@@ -52,7 +54,7 @@ def test_sbatch_script(tmp_path: Path) -> None:
         assert line in script.splitlines(), line
     assert f"run /jobs/j.yaml --output {tmp_path} --set=sampling.seed=1 --no-progress &" in script
     assert "--workers" not in script
-    two = render_script(Path("/j.yaml"), tmp_path, [], SubmitOptions(gpus_per_task=8), 2)
+    two = render_script(Path("/j.yaml"), out, [], SubmitOptions(gpus_per_task=8), 2)
     assert "--workers 2" in two and "trap" in two and "wait $worker" in two
 
 
@@ -73,13 +75,12 @@ def test_status_counts_units_by_state(tmp_path: Path) -> None:
     (tmp_path / "parts").mkdir()
     for uid in ("u1", "u2"):
         pq.write_table(pa.table({"id": list(range(10))}), tmp_path / "parts" / f"{uid}.parquet")
-    live = Leases(tmp_path, "w1", timeout_s=60, heartbeat_s=1)
-    live.progress = lambda: {"u3": 4}
+    live = Leases(OutDir(tmp_path), "w1", 60, 1, progress=lambda: {"u3": 4})
     live.try_claim("u3")
     live.beat()
     (tmp_path / "failed").mkdir()
     (tmp_path / "failed" / "u4.json").write_text("{}")
-    st = run_status(tmp_path)
+    st = run_status(OutDir(tmp_path))
     assert (st.units_done, st.units_leased, st.units_failed, st.units_pending) == (2, 1, 1, 1)
     assert st.rows_done == 20 and not st.complete
     assert st.workers[0]["worker"] == "w1" and st.workers[0]["rows_finished"] == 4
@@ -90,4 +91,4 @@ def test_status_counts_units_by_state(tmp_path: Path) -> None:
 
 def test_status_without_a_run(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no batchspec run here"):
-        run_status(tmp_path)
+        run_status(OutDir(tmp_path))

@@ -9,12 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from batchspec.leases import Leases
+from batchspec.io.layout import OutDir
+from batchspec.work.leases import Leases
 
 
 def test_claim_is_exclusive_and_release_frees(tmp_path: Path) -> None:
-    a = Leases(tmp_path, "a", timeout_s=60, heartbeat_s=1)
-    b = Leases(tmp_path, "b", timeout_s=60, heartbeat_s=1)
+    a = Leases(OutDir(tmp_path), "a", timeout_s=60, heartbeat_s=1)
+    b = Leases(OutDir(tmp_path), "b", timeout_s=60, heartbeat_s=1)
     assert a.try_claim("u1")
     assert not b.try_claim("u1")
     assert a.held == {"u1"}
@@ -25,8 +26,8 @@ def test_claim_is_exclusive_and_release_frees(tmp_path: Path) -> None:
 
 
 def test_silent_holder_is_taken_over_after_timeout(tmp_path: Path) -> None:
-    a = Leases(tmp_path, "a", timeout_s=0.4, heartbeat_s=0.1)
-    b = Leases(tmp_path, "b", timeout_s=0.4, heartbeat_s=0.1)
+    a = Leases(OutDir(tmp_path), "a", timeout_s=0.4, heartbeat_s=0.1)
+    b = Leases(OutDir(tmp_path), "b", timeout_s=0.4, heartbeat_s=0.1)
     assert a.try_claim("u1")
     assert not b.try_claim("u1")
     time.sleep(0.6)  # a never beats
@@ -36,9 +37,8 @@ def test_silent_holder_is_taken_over_after_timeout(tmp_path: Path) -> None:
 
 
 def test_heartbeat_keeps_a_lease(tmp_path: Path) -> None:
-    a = Leases(tmp_path, "a", timeout_s=0.5, heartbeat_s=0.1)
-    b = Leases(tmp_path, "b", timeout_s=0.5, heartbeat_s=0.1)
-    a.progress = lambda: {"u1": 3}
+    a = Leases(OutDir(tmp_path), "a", 0.5, 0.1, progress=lambda: {"u1": 3})
+    b = Leases(OutDir(tmp_path), "b", timeout_s=0.5, heartbeat_s=0.1)
     a.try_claim("u1")
     a.start()
     try:
@@ -53,20 +53,20 @@ def test_heartbeat_keeps_a_lease(tmp_path: Path) -> None:
 
 def test_dead_process_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from batchspec.leases import Leases; "
-        "assert Leases(Path(sys.argv[1]), 'dead', 3600, 60).try_claim('u1')"
+        "import sys; from batchspec.io.layout import OutDir; from batchspec.work.leases import "
+        "Leases; assert Leases(OutDir(sys.argv[1]), 'dead', 3600, 60).try_claim('u1')"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)
-    info = Leases(tmp_path, "b", 3600, 60).read("u1")
+    info = Leases(OutDir(tmp_path), "b", 3600, 60).read("u1")
     assert info is not None and info.holder.pid != os.getpid()
-    assert Leases(tmp_path, "b", timeout_s=3600, heartbeat_s=60).try_claim("u1")
+    assert Leases(OutDir(tmp_path), "b", timeout_s=3600, heartbeat_s=60).try_claim("u1")
 
 
 def test_live_holder_elsewhere_is_respected(tmp_path: Path) -> None:
-    a = Leases(tmp_path, "a", 3600, 60)
+    a = Leases(OutDir(tmp_path), "a", 3600, 60)
     assert a.try_claim("u1")
     # A holder that claims to be on another host is judged by its heartbeat only.
     path = a.path("u1")
     data = json.loads(path.read_text()) | {"host": "other-node", "pid": 1}
     path.write_text(json.dumps(data))
-    assert not Leases(tmp_path, "b", 3600, 60).try_claim("u1")
+    assert not Leases(OutDir(tmp_path), "b", 3600, 60).try_claim("u1")

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 from conftest import job_dict, write_job
+from pydantic import BaseModel
 
 from batchspec.errors import UserError
-from batchspec.spec import load_spec
+from batchspec.spec import OUTPUT_NEUTRAL, JobSpec
+from batchspec.spec_docs import readme_block, reference
+from batchspec.spec_file import load_spec
 
 
 def load(tmp_path: Path, overrides: list[str] | None = None, **sections):
@@ -126,6 +129,88 @@ def test_hash_covers_what_is_generated_not_how_fast(tmp_path: Path) -> None:
         "input.system_prompt=hi",
     ]:
         assert load(tmp_path, [other]).content_hash() != a, other
+
+
+# One change per spec key, to a valid value other than the test job's. A key missing here fails
+# the test below, so every new key gets its hash behaviour decided and checked (vLLM's rule).
+CHANGES: dict[str, list[str]] = {
+    "input.path": ["input.path=other.parquet"],
+    "input.id_column": ["input.id_column=rid"],
+    "input.prompt_column": ["input.prompt_column=prompt", "input.messages_column=null"],
+    "input.messages_column": ["input.messages_column=msgs"],
+    "input.apply_chat_template": ["input.apply_chat_template=false"],
+    "input.system_prompt": ["input.system_prompt=hi"],
+    "input.domain_column": ["input.domain_column=topic"],
+    "input.passthrough_columns": ["input.passthrough_columns=[]"],
+    "output.dir": ["output.dir=/elsewhere"],
+    "output.unit_rows": ["output.unit_rows=9"],
+    "model.model": ["model.model=/other/model"],
+    "model.tokenizer": ["model.tokenizer=/other/tokenizer"],
+    "model.dtype": ["model.dtype=bfloat16"],
+    "model.max_model_len": ["model.max_model_len=512"],
+    "model.tensor_parallel_size": ["model.tensor_parallel_size=2"],
+    "model.max_num_seqs": ["model.max_num_seqs=2"],
+    "model.gpu_memory_utilization": ["model.gpu_memory_utilization=0.5"],
+    "model.enforce_eager": ["model.enforce_eager=false"],
+    "model.seed": ["model.seed=1"],
+    "model.engine_kwargs": ["model.engine_kwargs={quantization: fp8}"],
+    "speculative.method": ["speculative.method=none"],
+    "speculative.model": ["speculative.model=/draft"],
+    "speculative.num_speculative_tokens": ["speculative.num_speculative_tokens=5"],
+    "speculative.prompt_lookup_min": ["speculative.prompt_lookup_min=1"],
+    "speculative.prompt_lookup_max": ["speculative.prompt_lookup_max=6"],
+    "speculative.draft_tensor_parallel_size": ["speculative.draft_tensor_parallel_size=2"],
+    "speculative.per_domain": ["speculative.per_domain={math: 0}"],
+    "speculative.adaptive": ["speculative.adaptive=false"],
+    "speculative.k_grid": ["speculative.k_grid=[0, 3]"],
+    "speculative.explore": ["speculative.explore=0.5"],
+    "speculative.extra": ["speculative.extra={disable_padded_drafter_batch: true}"],
+    "sampling.temperature": ["sampling.temperature=0.7"],
+    "sampling.top_p": ["sampling.top_p=0.9"],
+    "sampling.top_k": ["sampling.top_k=5"],
+    "sampling.max_tokens": ["sampling.max_tokens=33"],
+    "sampling.stop": ["sampling.stop=[END]"],
+    "sampling.seed": ["sampling.seed=7"],
+    "execution.lease_timeout_s": ["execution.lease_timeout_s=100"],
+    "execution.heartbeat_s": ["execution.heartbeat_s=1"],
+    "execution.max_unit_attempts": ["execution.max_unit_attempts=5"],
+    "execution.linger_s": ["execution.linger_s=0"],
+    "execution.shutdown_grace_s": ["execution.shutdown_grace_s=1"],
+    "name": ["name=other"],
+}
+
+
+def spec_keys(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[str]:
+    """Every key a spec can set, dotted, sections expanded."""
+    keys = []
+    for name, info in model.model_fields.items():
+        if info.exclude:
+            continue
+        typ = info.annotation
+        if isinstance(typ, type) and issubclass(typ, BaseModel):
+            keys += spec_keys(typ, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def test_every_key_is_hashed_unless_declared_output_neutral(tmp_path: Path) -> None:
+    keys = spec_keys()
+    assert sorted(CHANGES) == sorted(keys), "decide the hash behaviour of every new spec key"
+    sections = {k.split(".")[0] for k in keys}
+    assert set(keys) | sections >= OUTPUT_NEUTRAL, "OUTPUT_NEUTRAL names a key that is gone"
+    base = load(tmp_path).content_hash()
+    for key, overrides in CHANGES.items():
+        neutral = key in OUTPUT_NEUTRAL or key.split(".")[0] in OUTPUT_NEUTRAL
+        changed = load(tmp_path, overrides).content_hash() != base
+        assert changed != neutral, f"{key}: {'in' if changed else 'not in'} the hash"
+
+
+def test_readme_spec_reference_is_generated_from_the_spec() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert readme_block(readme) == reference(), (
+        "README's job-spec reference is stale: python -m batchspec.spec_docs --write README.md"
+    )
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("jobs/**/*.yaml")))

@@ -9,7 +9,9 @@ import polars as pl
 import pytest
 from conftest import PROMPTS, job_dict, run_cli, write_job
 
-from batchspec.controller import Observation, tuning_path, write_tuning
+from batchspec.io.layout import OutDir
+from batchspec.speculation.estimator import Observation
+from batchspec.speculation.shared import write_tuning
 
 pytestmark = pytest.mark.engine
 
@@ -29,7 +31,7 @@ def test_tune_measures_every_k_of_the_grid(tmp_path: Path) -> None:
     result = run_cli("tune", str(job), "--sample", "4")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "measured output tokens/s per domain and K" in result.stdout
-    data = json.loads(tuning_path(tmp_path / "out").read_text())
+    data = json.loads(OutDir(tmp_path / "out").tuning.read_text())
     assert data["method"] == "ngram" and data["k_grid"] == [0, 3]
     (entry,) = data["batches"]
     assert entry["batch"] == 8 and sorted(entry["domains"]) == DOMAINS
@@ -79,7 +81,7 @@ def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
         tmp_path, 4, speculative={"k_grid": [0, 3], "explore": 0.0}, sampling={"max_tokens": 16}
     )
     favour = {d: 3 if d in ("code", "qa") else 0 for d in DOMAINS}
-    fabricated_tuning(tuning_path(tmp_path / "out"), favour)
+    fabricated_tuning(OutDir(tmp_path / "out").tuning, favour)
     result = run_cli("run", str(job), "--no-progress")
     assert result.returncode == 0, result.stderr[-3000:]
     out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
@@ -97,7 +99,7 @@ def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path)
     job = small_job(
         tmp_path, 4, speculative={"k_grid": [0, 3, 5], "explore": 1.0}, sampling={"max_tokens": 16}
     )
-    path = tuning_path(tmp_path / "out")
+    path = OutDir(tmp_path / "out").tuning
     fabricated_tuning(path, {d: 3 for d in DOMAINS})  # measured at K=0 and 3 only
     data = json.loads(path.read_text())
     data["k_grid"] = [0, 3, 5]

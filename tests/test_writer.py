@@ -8,17 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from conftest import SPECULATIVE_MEASURED
 
-from batchspec.engine import RowResult, UnitResult
-from batchspec.inputs import RowRequest, UnitRequests
-from batchspec.planner import WorkUnit
-from batchspec.writer import (
-    RESULT_FIELDS,
-    commit_part,
-    committed_units,
-    output_schema,
-    part_path,
-    unit_table,
-)
+from batchspec.io.layout import OutDir
+from batchspec.io.writer import RESULT_FIELDS, Commit, PartWriter, output_schema, unit_table
+from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
 
 UNIT = WorkUnit(0, "in.parquet", 0, 3, "code", 3)
 SCHEMA = output_schema(pa.string(), {"source": pa.string()})
@@ -47,9 +39,12 @@ def spec_metrics(hist: list[int], drafted: int) -> dict:
     }
 
 
+def result_of(results: list[RowResult], method: str = "ngram", k: int = 3) -> UnitResult:
+    return UnitResult(UnitRequests(UNIT, [r.request for r in results]), results, k, method)
+
+
 def table_for(results: list[RowResult], method: str = "ngram", k: int = 3) -> pa.Table:
-    reqs = UnitRequests(UNIT, [r.request for r in results])
-    return unit_table(UnitResult(reqs, results, k, method), SCHEMA)
+    return unit_table(result_of(results, method, k), SCHEMA)
 
 
 def test_schema_order_and_types() -> None:
@@ -119,10 +114,33 @@ def test_error_row_has_no_generation_columns() -> None:
 
 
 def test_commit_first_wins_and_leaves_no_temp(tmp_path: Path) -> None:
-    t1 = table_for([RowResult(request(0, "a"), error="a")])
-    t2 = table_for([RowResult(request(0, "b"), error="b")])
-    assert commit_part(tmp_path, UNIT.unit_id, t1) is True
-    assert commit_part(tmp_path, UNIT.unit_id, t2) is False
-    assert pq.read_table(part_path(tmp_path, UNIT.unit_id)).column("error").to_pylist() == ["a"]
-    assert committed_units(tmp_path) == {UNIT.unit_id}
+    out = OutDir(tmp_path)
+    writer = PartWriter(out, SCHEMA)
+    first, _ = writer.commit(result_of([RowResult(request(0, "a"), error="a")]))
+    second, _ = writer.commit(result_of([RowResult(request(0, "b"), error="b")]))
+    assert (first, second) == (Commit.COMMITTED, Commit.DISCARDED)
+    assert pq.read_table(out.part(UNIT.unit_id)).column("error").to_pylist() == ["a"]
+    assert out.committed_units() == {UNIT.unit_id} and out.rows_committed() == 1
     assert [p.name for p in (tmp_path / "parts").iterdir()] == [f"{UNIT.unit_id}.parquet"]
+
+
+def test_retry_of_error_rows_replaces_them_in_place_and_keeps_the_old_part(
+    tmp_path: Path,
+) -> None:
+    out = OutDir(tmp_path)
+    writer = PartWriter(out, SCHEMA)
+    ok = RowResult(request(1), text="fine", num_prompt_tokens=3, num_output_tokens=1)
+    writer.commit(
+        result_of(
+            [RowResult(request(0, "x"), error="x"), ok, RowResult(request(2, "y"), error="y")]
+        )
+    )
+    retried = UnitRequests(UNIT, [request(0), request(2)], positions=[0, 2])
+    again = [RowResult(r, text=f"new{r.row}", num_output_tokens=2) for r in retried.rows]
+    outcome, _ = writer.commit(UnitResult(retried, again, 3, "ngram"))
+    assert outcome is Commit.REPLACED
+    rows = pq.read_table(out.part(UNIT.unit_id)).to_pylist()
+    assert [r["generated_text"] for r in rows] == ["new0", "fine", "new2"]
+    assert [r["error"] for r in rows] == [None, None, None]
+    (old,) = out.history.iterdir()
+    assert pq.read_table(old).column("error").to_pylist() == ["x", None, "y"]

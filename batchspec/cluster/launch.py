@@ -7,7 +7,6 @@ launcher only splits the GPUs, forwards signals, shows progress and sums up.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,14 +14,12 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from batchspec.errors import UserError
-from batchspec.runner import RUN_ID_ENV, RUNS_DIR, WORKER_ENV, RunStats, run_id
-from batchspec.writer import PARTS_DIR
+from batchspec.io.layout import OutDir
+from batchspec.work.runlog import RUN_ID_ENV, WORKER_ENV, RunStats, run_id, sum_runs
 
 
 def visible_gpus() -> list[str]:
@@ -51,28 +48,11 @@ def gpu_slices(workers: int, tp: int, gpus: list[str]) -> list[str | None]:
     return [",".join(gpus[i * tp : (i + 1) * tp]) for i in range(workers)]
 
 
-class _PartCounter:
-    """Rows committed so far, from part footers, reading each new part once."""
-
-    def __init__(self, out_dir: Path):
-        self.dir = out_dir / PARTS_DIR
-        self.seen: dict[str, int] = {}
-
-    def rows(self) -> int:
-        for p in self.dir.glob("*.parquet") if self.dir.is_dir() else []:
-            if p.name not in self.seen:
-                try:
-                    self.seen[p.name] = pq.ParquetFile(p).metadata.num_rows
-                except OSError:
-                    continue
-        return sum(self.seen.values())
-
-
 def launch(
     worker_args: list[str],
     workers: int,
     tp: int,
-    out_dir: Path,
+    out: OutDir,
     units_total: int,
     units_todo: int,
     total_rows: int,
@@ -96,10 +76,9 @@ def launch(
                 p.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    counter = _PartCounter(out_dir)
-    before = counter.rows()
+    before = out.rows_committed()
     bar = tqdm(
-        total=total_rows - before,
+        total=total_rows,
         unit="row",
         disable=not progress,
         dynamic_ncols=True,
@@ -108,15 +87,15 @@ def launch(
     try:
         while any(p.poll() is None for p in procs):
             time.sleep(1.0)
-            bar.n = counter.rows() - before
+            bar.n = out.rows_committed() - before
             bar.refresh()
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        bar.n = counter.rows() - before
+        bar.n = out.rows_committed() - before
         bar.close()
     failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
-    stats = _sum_runs(out_dir, run, time.perf_counter() - started)
+    stats = sum_runs(out, run, time.perf_counter() - started)
     stats.units_total = units_total
     stats.units_skipped = units_total - units_todo
     if failed:
@@ -129,32 +108,3 @@ class WorkerError(RuntimeError):
     def __init__(self, message: str, stats: RunStats):
         super().__init__(message)
         self.stats = stats
-
-
-def _sum_runs(out_dir: Path, run: str, wall_s: float) -> RunStats:
-    """The workers' run logs of this run, summed (parallel times: the longest)."""
-    logs = []
-    for path in sorted((out_dir / RUNS_DIR).glob("*.json")):
-        data = json.loads(path.read_text())
-        if data.get("run_id") == run:
-            logs.append(data)
-    total = RunStats(str(out_dir), run, "launcher", 0)
-    for d in logs:
-        for name in (
-            "units_committed",
-            "units_discarded",
-            "units_failed",
-            "units_abandoned",
-            "engine_failures",
-            "rows",
-            "error_rows",
-            "output_tokens",
-        ):
-            setattr(total, name, getattr(total, name) + d[name])
-        total.engine_build_s = max(total.engine_build_s, d["engine_build_s"])
-        total.generate_s = max(total.generate_s, d["generate_s"])
-        total.stopped_by_signal |= d["stopped_by_signal"]
-        total.engines += d["engines"]
-        total.engine_builds += d["engine_builds"]
-    total.wall_s = wall_s
-    return total

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-LEASES_DIR = "leases"
+from batchspec.io.layout import LEASE_SUFFIX, OutDir
 
 
 def _process_start(pid: int) -> float | None:
@@ -67,12 +67,13 @@ class LeaseInfo:
 class LeaseDir:
     """The leases of one output directory, read-only: for status and for claimants."""
 
-    def __init__(self, out_dir: Path, timeout_s: float):
-        self.dir = out_dir / LEASES_DIR
+    def __init__(self, out: OutDir, timeout_s: float):
+        self.out = out
+        self.dir = out.leases
         self.timeout_s = timeout_s
 
     def path(self, unit_id: str) -> Path:
-        return self.dir / f"{unit_id}.lease"
+        return self.out.lease(unit_id)
 
     def read(self, unit_id: str) -> LeaseInfo | None:
         """The lease on a unit, or None if there is none."""
@@ -96,8 +97,8 @@ class LeaseDir:
     def all(self) -> list[LeaseInfo]:
         """Every lease in the directory (for status reports)."""
         infos = []
-        for path in self.dir.glob("*.lease") if self.dir.is_dir() else []:
-            info = self.read(path.name[: -len(".lease")])
+        for path in self.dir.glob(f"*{LEASE_SUFFIX}") if self.dir.is_dir() else []:
+            info = self.read(path.name[: -len(LEASE_SUFFIX)])
             if info is not None:
                 infos.append(info)
         return infos
@@ -106,8 +107,15 @@ class LeaseDir:
 class Leases(LeaseDir):
     """This worker's leases in one output directory, with a heartbeat thread."""
 
-    def __init__(self, out_dir: Path, worker: str, timeout_s: float, heartbeat_s: float):
-        super().__init__(out_dir, timeout_s)
+    def __init__(
+        self,
+        out: OutDir,
+        worker: str,
+        timeout_s: float,
+        heartbeat_s: float,
+        progress: Callable[[], dict[str, int]] | None = None,
+    ):
+        super().__init__(out, timeout_s)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.me = Holder.me(worker)
         self.heartbeat_s = heartbeat_s
@@ -116,9 +124,9 @@ class Leases(LeaseDir):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._payload = json.dumps(self.me.__dict__).encode()
-        self.progress: Callable[[], dict[str, int]] | None = None
+        self.progress = progress
         """Rows finished per held unit, written beside the leases at every heartbeat."""
-        self.progress_path = self.dir / f"{worker}.progress.json"
+        self.progress_path = out.progress(worker)
 
     def _create(self, unit_id: str) -> bool:
         try:

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
 
-from batchspec.controller import (
-    Controller,
-    SharedStats,
-    read_tuning,
-    tuning_observations,
-    tuning_path,
-)
-from batchspec.writer import PARTS_DIR
+from batchspec.io.layout import OutDir
+from batchspec.speculation.estimator import Controller
+from batchspec.speculation.shared import SharedStats, read_tuning, tuning_observations
+from batchspec.work.runlog import RunStats
+
+ControllerView = tuple[int, dict[str | None, tuple[float | None, int, float | None]]]
 
 
-def read_output(out_dir: Path) -> pl.DataFrame:
+def read_output(out: OutDir) -> pl.DataFrame:
     """All committed rows of a run (empty frame when nothing is committed yet)."""
-    parts = sorted((out_dir / PARTS_DIR).glob("*.parquet"))
+    parts = out.part_files()
     if not parts:
         return pl.DataFrame()
     return pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
@@ -55,16 +51,15 @@ def domain_table(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def controller_view(out_dir: Path) -> tuple[int, dict[str | None, tuple[int, float | None]]] | None:
+def controller_view(out: OutDir) -> ControllerView | None:
     """What the K controller makes of a run's measurements (its units and tuning file).
 
     Returns the batch size and, per domain, the per-token acceptance α, the K it would choose
     now and the batch's output tokens/s predicted (or measured) at that K; None when nothing
     was measured.
     """
-    stats = SharedStats(out_dir, "report")
-    observations = stats.read_new()
-    tuning = read_tuning(tuning_path(out_dir)) or {}
+    observations = SharedStats(out, "report").read_new()
+    tuning = read_tuning(out.tuning) or {}
     batches = [o.batch for o in observations] or [b["batch"] for b in tuning.get("batches", [])]
     if not batches:
         return None
@@ -82,7 +77,7 @@ def controller_view(out_dir: Path) -> tuple[int, dict[str | None, tuple[int, flo
     return batch, view
 
 
-def with_controller(table: pl.DataFrame, view) -> pl.DataFrame:
+def with_controller(table: pl.DataFrame, view: ControllerView | None) -> pl.DataFrame:
     """The domain table plus the controller's chosen K and tokens/s per domain."""
     if table.is_empty() or view is None:
         return table
@@ -136,3 +131,39 @@ def format_domain_table(table: pl.DataFrame) -> str:
         return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in pairs)
 
     return "\n".join([row(header), *(row(line) for line in lines)])
+
+
+def domain_report(out: OutDir) -> tuple[int, ControllerView | None, str]:
+    """Rows committed, the K controller's view, and the per-domain table showing both."""
+    df = read_output(out)
+    view = controller_view(out)
+    return df.height, view, format_domain_table(with_controller(domain_table(df), view))
+
+
+def run_summary(stats: RunStats) -> str:
+    """The one-screen summary of a ``run``: this invocation, then everything committed."""
+    out = OutDir(stats.out_dir)
+    lines = [f"output: {out}"]
+    if stats.units_committed == 0 and stats.units_skipped == stats.units_total:
+        lines.append(f"nothing to do: all {stats.units_total} units are already committed")
+    elif stats.output_tokens_per_s is not None:
+        lines.append(
+            f"this run: {stats.rows} rows ({stats.error_rows} errors) in "
+            f"{stats.units_committed} units, {stats.output_tokens} output tokens, "
+            f"{stats.output_tokens_per_s:.1f} output tokens/s over {stats.generate_s:.1f} s of "
+            f"generation (+{stats.engine_build_s:.1f} s engine start; wall {stats.wall_s:.1f} s)"
+        )
+    notes = []
+    if stats.units_failed:
+        notes.append(f"{stats.units_failed} units failed (see {out.failed}; a rerun retries)")
+    if stats.engine_failures:
+        notes.append(f"{stats.engine_failures} engine failures recovered")
+    if stats.units_abandoned:
+        notes.append(f"{stats.units_abandoned} units handed back unfinished")
+    if stats.stopped_by_signal:
+        notes.append("stopped by signal; rerun to continue")
+    if notes:
+        lines.append("note: " + "; ".join(notes))
+    rows, _, table = domain_report(out)
+    lines += [f"committed: {rows} rows in {stats.units_total} units", table]
+    return "\n".join(lines)

@@ -13,11 +13,12 @@ from typing import Any
 import pyarrow as pa
 
 from batchspec.errors import UserError
-from batchspec.inputs import check_columns
-from batchspec.models import resolve_model
-from batchspec.planner import WorkUnit, plan_units
+from batchspec.io.inputs import check_columns
+from batchspec.io.planner import plan_units
+from batchspec.io.writer import RESERVED
+from batchspec.models import load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
-from batchspec.writer import RESERVED
+from batchspec.units import WorkUnit
 
 # Texts a draft and its target must encode identically: prose, code, digits, non-ASCII.
 TOKENIZER_SAMPLES = [
@@ -36,6 +37,8 @@ class Preflight:
     column_types: dict[str, pa.DataType]
     units: list[WorkUnit]
     target_dir: Path
+    tokenizer_dir: Path
+    """The target's tokenizer: ``model.tokenizer``, else the target's own."""
     draft_dir: Path | None
 
     @property
@@ -47,15 +50,6 @@ class Preflight:
         for u in self.units:
             counts[u.domain] = counts.get(u.domain, 0) + u.num_rows
         return counts
-
-
-def _load_tokenizer(path: Path, field: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:
-        raise UserError(f"{field}: cannot load a tokenizer from {path} ({exc})") from None
 
 
 def compare_tokenizers(target: Any, draft: Any) -> str | None:
@@ -107,12 +101,12 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
         # EAGLE/MTP heads carry no tokenizer of their own; a full draft model must match.
         if s.method == "draft_model" or (draft / "tokenizer_config.json").exists():
             diff = compare_tokenizers(
-                _load_tokenizer(tok_dir, "model.tokenizer"),
-                _load_tokenizer(draft, "speculative.model"),
+                load_tokenizer(tok_dir, "model.tokenizer"),
+                load_tokenizer(draft, "speculative.model"),
             )
             if diff:
                 raise UserError(f"speculative.model: tokenizer differs from the target's: {diff}")
     units = plan_units(files, spec.output.unit_rows, inp.domain_column, limit)
     if not units:
         raise UserError(f"input.path: {inp.path} holds no rows")
-    return Preflight(files, types, units, target, draft)
+    return Preflight(files, types, units, target, tok_dir, draft)

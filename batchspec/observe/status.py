@@ -11,13 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from batchspec.claims import FAILED_DIR
 from batchspec.errors import UserError
-from batchspec.leases import LEASES_DIR, LeaseDir
-from batchspec.manifest import read_manifest
-from batchspec.writer import PARTS_DIR
+from batchspec.io.layout import OutDir
+from batchspec.io.manifest import read_manifest
+from batchspec.work.leases import LeaseDir
 
 
 @dataclass
@@ -43,31 +40,24 @@ class RunStatus:
         return self.units_done >= self.units_total
 
 
-def run_status(out_dir: Path, lease_timeout_s: float = 300.0) -> RunStatus:
-    manifest = read_manifest(out_dir)
+def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
+    manifest = read_manifest(out)
     if manifest is None:
-        raise UserError(f"{out_dir}: no batchspec run here (no manifest.json)")
-    st = RunStatus(out_dir, manifest.num_units, manifest.num_rows)
-    parts = out_dir / PARTS_DIR
-    done = set()
-    for p in parts.glob("*.parquet") if parts.is_dir() else []:
-        done.add(p.name[: -len(".parquet")])
-        st.rows_done += pq.ParquetFile(p).metadata.num_rows
+        raise UserError(f"{out}: no batchspec run here (no manifest.json)")
+    st = RunStatus(out.root, manifest.num_units, manifest.num_rows)
+    done = out.committed_units()
+    st.rows_done = out.rows_committed()
     st.units_done = len(done)
-    leases = LeaseDir(out_dir, lease_timeout_s)
+    leases = LeaseDir(out, lease_timeout_s)
     for info in leases.all():
         if info.unit_id in done:
             continue
         if leases.is_stale(info):
             st.units_stale += 1
         st.units_leased += 1
-    failed = out_dir / FAILED_DIR
-    st.units_failed = (
-        sum(1 for p in failed.glob("*.json") if p.name[: -len(".json")] not in done)
-        if failed.is_dir()
-        else 0
-    )
-    for path in sorted((out_dir / LEASES_DIR).glob("*.progress.json")):
+    failed = out.failed.glob("*.json") if out.failed.is_dir() else []
+    st.units_failed = sum(1 for p in failed if p.name[: -len(".json")] not in done)
+    for path in out.progress_files():
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -8,7 +8,6 @@ is needed for the length check and for the output's num_prompt_tokens anyway.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,36 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import UserError
-from batchspec.planner import WorkUnit
 from batchspec.spec import InputSpec
+from batchspec.units import RowRequest, UnitRequests, WorkUnit
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
-
-
-@dataclass
-class RowRequest:
-    """One input row, ready for the engine (``prompt_token_ids``) or already failed (``error``)."""
-
-    row: int
-    """Row number in its input file: with the unit it locates the row exactly."""
-    row_id: Any
-    domain: str | None
-    passthrough: dict[str, Any]
-    prompt_token_ids: list[int] | None = None
-    error: str | None = None
-    seed: int | None = None
-
-
-@dataclass
-class UnitRequests:
-    """A unit and its rows, in input order."""
-
-    unit: WorkUnit
-    rows: list[RowRequest] = field(default_factory=list)
-    finished: int = 0
-    """Rows the engine has finished so far (progress shown in leases and status)."""
-    positions: list[int] | None = None
-    """For a retry of error rows: where ``rows`` sit in the unit's committed part."""
 
 
 def required_columns(spec: InputSpec) -> list[str]:

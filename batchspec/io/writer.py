@@ -12,15 +12,15 @@ import errno
 import os
 import time
 import uuid
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchspec.engine import RowResult, UnitResult
-
-PARTS_DIR = "parts"
+from batchspec.io.layout import OutDir
+from batchspec.units import RowResult, UnitResult
 
 # Columns every output has after id, domain and the pass-through columns (README: Output schema).
 RESULT_FIELDS: list[pa.Field] = [
@@ -116,10 +116,6 @@ def unit_table(result: UnitResult, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def part_path(out_dir: Path, unit_id: str) -> Path:
-    return out_dir / PARTS_DIR / f"{unit_id}.parquet"
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -136,71 +132,93 @@ def _write_synced(path: Path, table: pa.Table) -> None:
         os.fsync(fh.fileno())
 
 
-def commit_part(out_dir: Path, unit_id: str, table: pa.Table) -> bool:
-    """Write a unit's part atomically; False when another committer got there first."""
-    final = part_path(out_dir, unit_id)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{unit_id}.{uuid.uuid4().hex[:12]}.tmp"
-    try:
-        _write_synced(tmp, table)
-        try:
-            os.link(tmp, final)  # fails if the final name exists: first committer wins
-        except FileExistsError:
-            return False
-        except OSError as exc:  # a filesystem without hard links
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                raise
-            if final.exists():
-                return False
-            os.replace(tmp, final)
-        _fsync_dir(final.parent)
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+class Commit(Enum):
+    """What became of a unit's rows at commit."""
+
+    COMMITTED = "committed"
+    """The unit's part is in place: this writer put it there."""
+    DISCARDED = "discarded"
+    """Another committer got there first; this copy was dropped (exactly-once)."""
+    REPLACED = "replaced"
+    """A retry of error rows: the part was swapped for one with the new rows in their places."""
 
 
-HISTORY_DIR = "history"
+class PartWriter:
+    """Commits units' rows as parts of one output directory, with one schema.
 
-
-def replace_part(out_dir: Path, unit_id: str, table: pa.Table) -> None:
-    """Swap a committed part for a new version (a retry of its error rows), atomically.
-
-    The old version is kept under history/ first: nothing once committed is lost.
+    The only code that writes ``parts/``: a first commit links a synced temporary file to the
+    final name (first committer wins); a retry of error rows merges the new rows into the
+    committed part and swaps it in, keeping the old version under ``history/``.
     """
-    final = part_path(out_dir, unit_id)
-    history = out_dir / HISTORY_DIR
-    history.mkdir(parents=True, exist_ok=True)
-    os.link(final, history / f"{unit_id}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}")
-    tmp = final.parent / f".{unit_id}.{uuid.uuid4().hex[:12]}.tmp"
-    try:
-        _write_synced(tmp, table)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+
+    def __init__(self, out: OutDir, schema: pa.Schema):
+        self.out = out
+        self.schema = schema
+
+    def commit(self, result: UnitResult) -> tuple[Commit, pa.Table]:
+        """Write a unit's results; returns what happened and the rows as written for it."""
+        unit_id = result.unit.unit_id
+        table = unit_table(result, self.schema)
+        positions = result.unit_requests.positions
+        if positions is None:
+            done = self._link_new(unit_id, table)
+            return (Commit.COMMITTED if done else Commit.DISCARDED), table
+        # A retry of error rows: the new rows take the old ones' places, the rest stays.
+        rows = pq.read_table(self.out.part(unit_id)).to_pylist()
+        for pos, row in zip(positions, table.to_pylist(), strict=True):
+            rows[pos] = row
+        self._replace(unit_id, pa.Table.from_pylist(rows, schema=self.schema))
+        return Commit.REPLACED, table
+
+    def _tmp(self, unit_id: str) -> Path:
+        return self.out.parts / f".{unit_id}.{uuid.uuid4().hex[:12]}.tmp"
+
+    def _link_new(self, unit_id: str, table: pa.Table) -> bool:
+        """Write a unit's part atomically; False when another committer got there first."""
+        final = self.out.part(unit_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._tmp(unit_id)
+        try:
+            _write_synced(tmp, table)
+            try:
+                os.link(tmp, final)  # fails if the final name exists: first committer wins
+            except FileExistsError:
+                return False
+            except OSError as exc:  # a filesystem without hard links
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                if final.exists():
+                    return False
+                os.replace(tmp, final)
+            _fsync_dir(final.parent)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+    def _replace(self, unit_id: str, table: pa.Table) -> None:
+        """Swap a committed part for a new version, atomically; the old one goes to history/
+        first, so nothing once committed is lost."""
+        final = self.out.part(unit_id)
+        self.out.history.mkdir(parents=True, exist_ok=True)
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
+        os.link(final, self.out.history / f"{unit_id}.{stamp}")
+        tmp = self._tmp(unit_id)
+        try:
+            _write_synced(tmp, table)
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
 
 
-def part_error_positions(out_dir: Path, unit_id: str) -> list[int]:
+def part_error_positions(out: OutDir, unit_id: str) -> list[int]:
     """Positions of the error rows in a committed part."""
-    errors = pq.read_table(part_path(out_dir, unit_id), columns=["error"]).column("error")
+    errors = pq.read_table(out.part(unit_id), columns=["error"]).column("error")
     return [i for i, e in enumerate(errors.to_pylist()) if e is not None]
 
 
-def error_positions(out_dir: Path) -> dict[str, list[int]]:
-    """Per committed unit, the positions of its error rows (units without errors left out)."""
-    found = {}
-    for unit_id in sorted(committed_units(out_dir)):
-        positions = part_error_positions(out_dir, unit_id)
-        if positions:
-            found[unit_id] = positions
-    return found
-
-
-def committed_units(out_dir: Path) -> set[str]:
-    """Unit ids whose part is in place under its final name."""
-    parts = out_dir / PARTS_DIR
-    if not parts.is_dir():
-        return set()
-    return {p.name[: -len(".parquet")] for p in parts.glob("*.parquet")}
+def units_with_errors(out: OutDir) -> set[str]:
+    """Committed units that hold error rows (what --retry-errors generates again)."""
+    return {u for u in sorted(out.committed_units()) if part_error_positions(out, u)}

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 
 from batchspec import __version__
 from batchspec.errors import UserError
+from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
-
-MANIFEST = "manifest.json"
+from batchspec.units import WorkUnit
 
 
 def input_fingerprint(files: list[Path]) -> str:
@@ -53,7 +53,9 @@ class Manifest:
         return (self.spec_hash, self.input_fingerprint, self.limit)
 
 
-def make_manifest(spec: JobSpec, files: list[Path], limit: int | None, units: list) -> Manifest:
+def make_manifest(
+    spec: JobSpec, files: list[Path], limit: int | None, units: list[WorkUnit]
+) -> Manifest:
     return Manifest(
         spec_hash=spec.content_hash(),
         input_fingerprint=input_fingerprint(files),
@@ -65,8 +67,8 @@ def make_manifest(spec: JobSpec, files: list[Path], limit: int | None, units: li
     )
 
 
-def read_manifest(out_dir: Path) -> Manifest | None:
-    path = out_dir / MANIFEST
+def read_manifest(out: OutDir) -> Manifest | None:
+    path = out.manifest
     if not path.exists():
         return None
     try:
@@ -75,11 +77,11 @@ def read_manifest(out_dir: Path) -> Manifest | None:
         raise UserError(f"{path}: unreadable run manifest ({exc})") from None
 
 
-def claim_output_dir(out_dir: Path, manifest: Manifest) -> Manifest:
-    """Bind ``out_dir`` to this run, or check that it already is; returns the manifest in force."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / MANIFEST
-    tmp = out_dir / f".{MANIFEST}.{uuid.uuid4().hex[:8]}"
+def claim_output_dir(out: OutDir, manifest: Manifest) -> Manifest:
+    """Bind ``out`` to this run, or check that it already is; returns the manifest in force."""
+    out.root.mkdir(parents=True, exist_ok=True)
+    path = out.manifest
+    tmp = out.root / f".{path.name}.{uuid.uuid4().hex[:8]}"
     tmp.write_text(json.dumps(asdict(manifest), indent=2) + "\n")
     try:
         os.link(tmp, path)  # atomic: concurrent first runs agree on one manifest
@@ -87,7 +89,7 @@ def claim_output_dir(out_dir: Path, manifest: Manifest) -> Manifest:
         pass
     finally:
         tmp.unlink()
-    existing = read_manifest(out_dir)
+    existing = read_manifest(out)
     assert existing is not None
     if existing.identity() != manifest.identity():
         what = []
@@ -98,7 +100,7 @@ def claim_output_dir(out_dir: Path, manifest: Manifest) -> Manifest:
         if existing.limit != manifest.limit:
             what.append(f"--limit {existing.limit} (this run: {manifest.limit})")
         raise UserError(
-            f"{out_dir}: holds a run with {' and '.join(what)}; refusing to mix them "
+            f"{out}: holds a run with {' and '.join(what)}; refusing to mix them "
             "(write elsewhere with --output DIR)"
         )
     return existing

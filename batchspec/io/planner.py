@@ -9,10 +9,7 @@ batch: the dataset itself is never held in memory.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,32 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import UserError
-
-
-@dataclass(frozen=True)
-class WorkUnit:
-    """Rows ``[start, stop)`` of input file ``file_index`` whose domain is ``domain``.
-
-    ``num_rows`` counts only the rows of that domain. ``domain`` is None when the input has no
-    domain column, and also for rows whose domain cell is null.
-    """
-
-    file_index: int
-    path: str
-    start: int
-    stop: int
-    domain: str | None
-    num_rows: int
-
-    @property
-    def unit_id(self) -> str:
-        base = f"f{self.file_index:04d}-r{self.start:010d}-{self.stop:010d}"
-        if self.domain is None:
-            return base
-        # A readable slug plus a hash: two domains that slug alike still get distinct ids.
-        slug = re.sub(r"[^a-z0-9]+", "_", self.domain.lower()).strip("_")[:24] or "d"
-        digest = hashlib.sha1(self.domain.encode()).hexdigest()[:6]
-        return f"{base}-{slug}-{digest}"
+from batchspec.units import WorkUnit
 
 
 def _domains_by_chunk(

@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchspec.errors import UserError
-
-SLURM_DIR = "slurm"
-JOBS_FILE = "jobs.jsonl"
+from batchspec.io.layout import OutDir
 
 
 @dataclass
@@ -42,10 +40,37 @@ class SubmitOptions:
 
 
 def render_script(
-    job: Path, out_dir: Path, run_args: list[str], opts: SubmitOptions, workers_per_task: int
+    job: Path, out: OutDir, run_args: list[str], opts: SubmitOptions, workers_per_task: int
 ) -> str:
     """The sbatch script: an array of workers of one run."""
-    log_dir = out_dir / SLURM_DIR
+    cmd = [sys.executable, "-m", "batchspec", "run", str(job), "--output", str(out), *run_args]
+    cmd.append("--no-progress")
+    if workers_per_task > 1:
+        cmd += ["--workers", str(workers_per_task)]
+    lines = [
+        *_sbatch_options(opts, out.slurm),
+        "",
+        "# Written by `batchspec slurm submit`; submit again by hand with: sbatch <this file>",
+        "set -u",
+        'export BATCHSPEC_RUN_ID="slurm-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"',
+        'echo "batchspec task ${SLURM_ARRAY_TASK_ID:-0} of job ${SLURM_ARRAY_JOB_ID:-} '
+        'on $(hostname) gpus=${CUDA_VISIBLE_DEVICES:-none} start $(date -Is)"',
+        f"{shlex.join(cmd)} &",
+        "worker=$!",
+        "trap 'echo \"batchspec: SIGTERM, stopping the worker\"; kill -TERM $worker' TERM",
+        "wait $worker",
+        "rc=$?",
+        # wait returns early when the trap fires: wait again for the worker's own exit code.
+        "if kill -0 $worker 2>/dev/null; then wait $worker; rc=$?; fi",
+        'echo "batchspec task ${SLURM_ARRAY_TASK_ID:-0} exit $rc $(date -Is)"',
+        "exit $rc",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _sbatch_options(opts: SubmitOptions, log_dir: Path) -> list[str]:
+    """The script's header: the array, its logs, requeue, the early-warning signal."""
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={opts.job_name or 'batchspec'}",
@@ -70,38 +95,7 @@ def render_script(
         if value:
             lines.append(f"#SBATCH --{flag}={value}")
     lines += [f"#SBATCH {shlex.quote(x) if ' ' in x else x}" for x in opts.extra]
-    cmd = [
-        sys.executable,
-        "-m",
-        "batchspec",
-        "run",
-        str(job),
-        "--output",
-        str(out_dir),
-        *run_args,
-        "--no-progress",
-    ]
-    if workers_per_task > 1:
-        cmd += ["--workers", str(workers_per_task)]
-    lines += [
-        "",
-        "# Written by `batchspec slurm submit`; submit again by hand with: sbatch <this file>",
-        "set -u",
-        'export BATCHSPEC_RUN_ID="slurm-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"',
-        'echo "batchspec task ${SLURM_ARRAY_TASK_ID:-0} of job ${SLURM_ARRAY_JOB_ID:-} '
-        'on $(hostname) gpus=${CUDA_VISIBLE_DEVICES:-none} start $(date -Is)"',
-        f"{shlex.join(cmd)} &",
-        "worker=$!",
-        "trap 'echo \"batchspec: SIGTERM, stopping the worker\"; kill -TERM $worker' TERM",
-        "wait $worker",
-        "rc=$?",
-        # wait returns early when the trap fires: wait again for the worker's own exit code.
-        "if kill -0 $worker 2>/dev/null; then wait $worker; rc=$?; fi",
-        'echo "batchspec task ${SLURM_ARRAY_TASK_ID:-0} exit $rc $(date -Is)"',
-        "exit $rc",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def _slurm_cmd(name: str) -> str:
@@ -111,9 +105,9 @@ def _slurm_cmd(name: str) -> str:
     return path
 
 
-def submit(script: str, out_dir: Path, opts: SubmitOptions) -> str:
+def submit(script: str, out: OutDir, opts: SubmitOptions) -> str:
     """Write the script into OUT/slurm/, sbatch it, record the job; returns the job id."""
-    log_dir = out_dir / SLURM_DIR
+    log_dir = out.slurm
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"submit-{time.strftime('%Y%m%dT%H%M%S')}.sbatch"
     path.write_text(script)
@@ -124,7 +118,7 @@ def submit(script: str, out_dir: Path, opts: SubmitOptions) -> str:
     if result.returncode != 0:
         raise UserError(f"sbatch refused {path}: {result.stderr.strip() or result.stdout.strip()}")
     job_id = result.stdout.strip().split(";")[0]
-    with open(log_dir / JOBS_FILE, "a") as fh:
+    with open(out.slurm_jobs, "a") as fh:
         fh.write(
             json.dumps(
                 {"job_id": job_id, "script": str(path), "tasks": opts.tasks, "time": time.time()}
@@ -134,8 +128,8 @@ def submit(script: str, out_dir: Path, opts: SubmitOptions) -> str:
     return job_id
 
 
-def submitted_jobs(out_dir: Path) -> list[dict]:
-    path = out_dir / SLURM_DIR / JOBS_FILE
+def submitted_jobs(out: OutDir) -> list[dict]:
+    path = out.slurm_jobs
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

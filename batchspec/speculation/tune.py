@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from batchspec.checks import preflight
-from batchspec.controller import Controller, Observation, write_tuning
-from batchspec.engine import Engine
+from batchspec.engines import Engine, open_engine
 from batchspec.errors import UserError
-from batchspec.inputs import PromptBuilder, UnitRequests
-from batchspec.planner import WorkUnit
-from batchspec.runner import load_tokenizer
+from batchspec.io.checks import preflight
+from batchspec.io.inputs import PromptBuilder
+from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
-from batchspec.writer import result_row
+from batchspec.speculation.estimator import Controller, Observation
+from batchspec.speculation.shared import write_tuning
+from batchspec.units import UnitRequests, WorkUnit
 
 
 class ListSource:
@@ -70,71 +71,99 @@ def measure(
     ob = Observation(units[0].domain, engine.k, batch)
     started = time.perf_counter()
     for result in engine.run(ListSource(requests), lambda: False):
-        for r in result.results:
-            ob.add_row(result_row(r, "", result.method, result.k))
+        ob.merge(Observation.from_result(result, batch))
     wall = time.perf_counter() - started
     return ob, ob.output_tokens / wall if wall > 0 else 0.0
 
 
-def tune(spec: JobSpec, sample: int, batches: list[int], out: Path, echo=print) -> dict[str, Any]:
+def tune(
+    spec: JobSpec,
+    sample: int,
+    batches: list[int],
+    out: Path,
+    echo: Callable[[str], object] = print,
+) -> dict[str, Any]:
     """Sweep K x batch size, print a table per batch size, write the tuning file."""
     s = spec.speculative
     if s.method == "none":
         raise UserError("speculative.method is none: there is no K to tune")
     pre = preflight(spec)
-    samples = sample_units(pre.units, sample)
-    tokenizer = load_tokenizer(pre, spec)
-    grid = sorted(set(s.k_grid))
+    tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
+    sweep = _Sweep(spec, sample_units(pre.units, sample), sample, tokenizer, echo)
     data: dict[str, Any] = {
         "method": s.method,
         "spec_hash": spec.content_hash(),
-        "k_grid": grid,
+        "k_grid": sweep.grid,
         "sample_rows": sample,
         "created": time.time(),
-        "batches": [],
+        "batches": [sweep.batch(b) for b in batches],
     }
-    builds: list[float] = []
-    for batch in batches:
-        bspec = _with_batch(spec, batch)
+    # What a run's K controller weighs an engine switch against.
+    data["engine_build_s"] = sum(sweep.builds) / len(sweep.builds)
+    write_tuning(out, data)
+    return data
+
+
+class _Sweep:
+    """Every K of the grid on every domain's sample, one batch size at a time."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        samples: dict[str | None, list[WorkUnit]],
+        rows: int,
+        tokenizer: Any,
+        echo: Callable[[str], object],
+    ) -> None:
+        self.spec = spec
+        self.samples = samples
+        self.rows = rows
+        self.tokenizer = tokenizer
+        self.echo = echo
+        self.grid = sorted(set(spec.speculative.k_grid))
+        self.builds: list[float] = []
+
+    def batch(self, batch: int) -> dict[str, Any]:
+        """One batch size: an engine per K, every domain measured on it; the tuning entry."""
+        bspec = _with_batch(self.spec, batch)
         observations: list[Observation] = []
         measured: dict[str, dict[int, float]] = {}
-        for k in grid:
-            engine = Engine(bspec, k)
-            builds.append(engine.build_s)
-            builder = PromptBuilder(spec.input, tokenizer, engine.max_model_len, spec.sampling.seed)
+        for k in self.grid:
+            engine = open_engine(bspec, k)
+            self.builds.append(engine.build_s)
+            inp = self.spec.input
+            builder = PromptBuilder(inp, self.tokenizer, engine.max_model_len, bspec.sampling.seed)
             try:
-                for domain, units in samples.items():
-                    ob, tps = measure(engine, builder, units, sample, batch)
+                for domain, units in self.samples.items():
+                    ob, tps = measure(engine, builder, units, self.rows, batch)
                     observations.append(ob)
                     measured.setdefault(str(domain), {})[k] = tps
-                    echo(
+                    self.echo(
                         f"  batch {batch:3d}  K={k}  {domain}: {tps:.1f} tok/s "
                         f"({ob.output_tokens} tokens)"
                     )
             finally:
                 engine.close()
-        ctl = Controller(batch, grid, s.num_speculative_tokens)
+        ctl = Controller(batch, self.grid, self.spec.speculative.num_speculative_tokens)
         for ob in observations:
             ctl.add(ob)
         domains = {}
-        for domain in samples:
+        for domain in self.samples:
             choice = ctl.choose(domain)
-            best_measured = max(measured[str(domain)], key=measured[str(domain)].get)
+            rates = measured[str(domain)]
             domains[str(domain)] = {
                 "chosen_k": choice.k,
-                "best_measured_k": best_measured,
+                "best_measured_k": max(rates, key=rates.get),
                 "alpha": choice.alpha,
                 "alpha_std": choice.alpha_std,
-                "tokens_per_s": measured[str(domain)],
+                "tokens_per_s": rates,
             }
-        data["batches"].append(
-            {"batch": batch, "domains": domains, "observations": [asdict(o) for o in observations]}
-        )
-        echo(format_tuning_table(batch, grid, domains))
-    # What a run's K controller weighs an engine switch against.
-    data["engine_build_s"] = sum(builds) / len(builds)
-    write_tuning(out, data)
-    return data
+        self.echo(format_tuning_table(batch, self.grid, domains))
+        return {
+            "batch": batch,
+            "domains": domains,
+            "observations": [asdict(o) for o in observations],
+        }
 
 
 def format_tuning_table(batch: int, grid: list[int], domains: dict[str, Any]) -> str:

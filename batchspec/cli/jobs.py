@@ -1,0 +1,188 @@
+"""The job commands: ``run``, ``validate``, ``tune``, ``report``."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from batchspec.cli.common import (
+    job_argument,
+    limit_option,
+    load_job,
+    output_option,
+    set_option,
+    user_errors,
+)
+from batchspec.errors import UserError
+
+if TYPE_CHECKING:
+    from batchspec.spec import JobSpec
+    from batchspec.work.runlog import RunStats
+
+EXIT_UNITS_FAILED = 3
+"""The job ran but some units failed repeatedly (recorded under OUT/failed; a rerun retries)."""
+
+
+def _print_run(stats: RunStats) -> None:
+    from batchspec.observe.report import run_summary
+
+    click.echo(run_summary(stats))
+
+
+@click.command()
+@job_argument
+@output_option
+@limit_option
+@set_option
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes on this node; on GPUs each gets tensor_parallel_size GPUs.",
+)
+@click.option(
+    "--retry-errors",
+    is_flag=True,
+    help="Also generate again the error rows of committed units (kept in OUT/history).",
+)
+@user_errors
+def run(
+    job: str,
+    output: str | None,
+    limit: int | None,
+    overrides: tuple[str, ...],
+    no_progress: bool,
+    workers: int,
+    retry_errors: bool,
+) -> None:
+    """Generate every row of JOB that is not yet in its output directory."""
+    from batchspec.work.worker import run_job
+
+    spec = load_job(job, overrides, output)
+    if workers == 1:
+        stats = run_job(spec, limit=limit, progress=not no_progress, retry_errors=retry_errors)
+    else:
+        args = [job, "--output", str(spec.output_dir), *(f"--set={o}" for o in overrides)]
+        args += ["--limit", str(limit)] if limit is not None else []
+        args += ["--retry-errors"] if retry_errors else []
+        stats = _run_workers(spec, args, limit, retry_errors, workers, not no_progress)
+    _print_run(stats)
+    if stats.units_failed:
+        sys.exit(EXIT_UNITS_FAILED)
+
+
+def _run_workers(
+    spec: JobSpec,
+    args: list[str],
+    limit: int | None,
+    retry_errors: bool,
+    workers: int,
+    progress: bool,
+) -> RunStats:
+    """``run --workers N``: N worker processes of one run on this node, their stats summed."""
+    from batchspec.cluster.launch import WorkerError, launch
+    from batchspec.io.layout import OutDir
+    from batchspec.work.runlog import RunStats, run_id, worker_name
+    from batchspec.work.worker import prepare_run
+
+    pre, todo, _ = prepare_run(spec, limit, retry_errors)
+    if not todo:
+        stats = RunStats(str(spec.output_dir), run_id(), worker_name(), len(pre.units))
+        stats.units_skipped = len(pre.units)
+        return stats
+    try:
+        return launch(
+            args,
+            workers,
+            spec.model.tensor_parallel_size,
+            OutDir(spec.output_dir),
+            len(pre.units),
+            len(todo),
+            sum(u.num_rows for u in todo),
+            progress=progress,
+        )
+    except WorkerError as exc:
+        _print_run(exc.stats)
+        click.echo(f"batchspec: error: {exc}", err=True)
+        sys.exit(1)
+
+
+@click.command()
+@job_argument
+@limit_option
+@set_option
+@user_errors
+def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
+    """Check JOB's spec, input files and columns, model paths and draft tokenizer."""
+    from batchspec.io.checks import preflight
+
+    spec = load_job(job, overrides, None)
+    pre = preflight(spec, limit)
+    click.echo(f"spec: ok ({job}, hash {spec.content_hash()})")
+    click.echo(f"input: {len(pre.files)} file(s), {pre.num_rows} rows, {len(pre.units)} units")
+    domains = ", ".join(f"{d}={n}" for d, n in sorted(pre.domains().items(), key=str))
+    click.echo(f"domains: {domains}")
+    click.echo(f"model: {pre.target_dir}")
+    s = spec.speculative
+    if s.method == "none":
+        click.echo("speculation: off")
+    else:
+        draft = f", draft {pre.draft_dir} (tokenizer identical)" if pre.draft_dir else ""
+        click.echo(f"speculation: {s.method}, K={s.num_speculative_tokens}{draft}")
+    click.echo(f"output: {spec.output_dir}")
+
+
+@click.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@user_errors
+def report(out_dir: str) -> None:
+    """Per-domain table of a run's committed output and of the K controller's view."""
+    from batchspec.io.layout import OutDir
+    from batchspec.observe.report import domain_report
+
+    out = OutDir(out_dir)
+    if not out.root.is_dir():
+        raise UserError(f"{out_dir}: no such output directory")
+    rows, view, table = domain_report(out)
+    click.echo(f"{out}: {rows} rows committed")
+    if view is not None:
+        click.echo(f"K controller at batch {view[0]}: alpha per token, chosen K, tokens/s there")
+    click.echo(table)
+
+
+@click.command()
+@job_argument
+@output_option
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1),
+    default=24,
+    show_default=True,
+    help="Rows per domain measured at each K.",
+)
+@click.option("--batch", "batches", help="Comma list of max_num_seqs to sweep (default: job's).")
+@set_option
+@user_errors
+def tune(
+    job: str, output: str | None, sample: int, batches: str | None, overrides: tuple[str, ...]
+) -> None:
+    """Measure tokens/s and acceptance per domain for every K of the grid; write tuning.json."""
+    from batchspec.io.layout import OutDir
+    from batchspec.speculation.tune import tune as run_tune
+
+    spec = load_job(job, overrides, output)
+    try:
+        sizes = [int(b) for b in batches.split(",")] if batches else [spec.model.max_num_seqs]
+    except ValueError:
+        raise UserError(f"--batch {batches!r}: expected a comma list of integers") from None
+    path = OutDir(spec.output_dir).tuning
+    click.echo(
+        f"tuning {spec.speculative.method} K in {spec.speculative.k_grid} at batch "
+        f"{sizes}, {sample} rows per domain"
+    )
+    run_tune(spec, sample, sizes, path, echo=click.echo)
+    click.echo(f"tuning file: {path} (batchspec run on this output directory uses it)")

@@ -1,0 +1,19 @@
+"""Engines: one interface (``base.Engine``), one function to get an engine for a job and K.
+
+Engines import only what they run on (vLLM, or torch and transformers) and that lazily, so
+pre-flight checks, status and reports never load an inference stack.
+"""
+
+from __future__ import annotations
+
+from batchspec.engines.base import Engine, EngineFailure, UnitSource
+from batchspec.spec import JobSpec
+
+__all__ = ["Engine", "EngineFailure", "UnitSource", "open_engine"]
+
+
+def open_engine(spec: JobSpec, k: int) -> Engine:
+    """Start the engine that serves ``spec`` with K speculative tokens (0: none)."""
+    from batchspec.engines.vllm_engine import VllmEngine
+
+    return VllmEngine(spec, k)

@@ -1,0 +1,59 @@
+"""The engine interface: what the worker, ``tune`` and benchmarks need of any engine.
+
+An engine is built for a job spec and one speculative setting (K drafts; 0 = plain decoding),
+pulls units from a source as its batch has room, yields each unit's results as soon as its
+last row finishes, and reports how long it took to start (the K controller weighs switching
+engines against it). vLLM's adapter is one implementation; an engine of batchspec's own (draft
+trees, say) is another, and plugs in through ``batchspec.engines.open_engine`` without the
+worker knowing which it got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from batchspec.units import UnitRequests, UnitResult
+
+
+class UnitSource(Protocol):
+    """Where an engine gets work: the worker's claim logic behind three calls."""
+
+    def next_unit(self) -> UnitRequests | None:
+        """A claimed unit ready to submit, or None when none can be had right now."""
+
+    def exhausted(self) -> bool:
+        """True when no unit will come any more (all done, or stopping)."""
+
+    def wait(self) -> None:
+        """Block briefly while units held by other workers may come free."""
+
+
+class Engine(Protocol):
+    """An engine up and ready, for one speculative setting."""
+
+    k: int
+    """Speculative tokens per step it was built with; 0 = no speculation."""
+    method: str
+    """The speculative method in effect (``none`` when ``k`` is 0): recorded in every row."""
+    build_s: float
+    """Seconds its start took (measured, not assumed)."""
+    max_model_len: int
+    """Longest prompt plus output it can hold: longer prompts become error rows."""
+
+    def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
+        """Yield each unit's results as soon as its last row finishes.
+
+        Pulls units from ``source`` while the batch has room; ends when the source is
+        exhausted and nothing is in flight, or, dropping what is in flight, as soon as
+        ``should_abort()`` turns true. A dead or failing engine raises ``EngineFailure``; the
+        units in flight then belong to the caller again.
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop the engine and free its memory before another one starts."""
+
+
+class EngineFailure(RuntimeError):
+    """The engine died or failed a step; the units in flight must be retried elsewhere."""

@@ -1,0 +1,229 @@
+"""The vLLM adapter: one engine per (method, K), fed continuously across unit boundaries.
+
+``LLM.generate`` on one unit at a time would drain the running batch at every unit's tail (the
+batch shrinks to the last slow rows). Instead the adapter keeps the engine's queue topped up
+through ``LLMEngine.add_request``/``step`` and hands a unit back as soon as its last row
+finishes, while the next units' rows are already running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from batchspec.engines.base import EngineFailure, UnitSource
+from batchspec.engines.vllm_args import engine_kwargs, sampling_params, speculative_config
+from batchspec.spec import JobSpec
+from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult
+
+# Fault injection for tests, off unless set: BATCHSPEC_INJECT_ENGINE_CRASH=STEP[:COUNT] kills
+# the engine's processes (SIGKILL) at its STEP-th step, for the first COUNT engines this
+# process builds (default 1), exactly as an out-of-memory kill or a driver fault would.
+INJECT_ENV = "BATCHSPEC_INJECT_ENGINE_CRASH"
+_injected = 0
+
+
+def _maybe_inject_crash(step: int) -> None:
+    global _injected
+    raw = os.environ.get(INJECT_ENV)
+    if not raw:
+        return
+    at, _, count = raw.partition(":")
+    if step != int(at) or _injected >= int(count or 1):
+        return
+    _injected += 1
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signal.SIGKILL)
+
+
+def _row_result(req: RowRequest, out: Any) -> RowResult:
+    comp = out.outputs[0]
+    sdm = getattr(comp, "spec_decode_metrics", None)
+    m = out.metrics
+    timing = None
+    if m is not None and getattr(m, "queued_ts", 0):
+        timing = {
+            "queued": m.queued_ts,
+            "scheduled": m.scheduled_ts,
+            "first_token": m.first_token_ts,
+            "last_token": m.last_token_ts,
+        }
+    return RowResult(
+        request=req,
+        text=comp.text,
+        num_prompt_tokens=len(out.prompt_token_ids or req.prompt_token_ids or []),
+        num_output_tokens=len(comp.token_ids),
+        finish_reason=str(comp.finish_reason) if comp.finish_reason is not None else None,
+        spec=sdm.to_dict() if sdm is not None else None,
+        timing=timing,
+    )
+
+
+@dataclass
+class _Pending:
+    unit: UnitRequests
+    results: list[RowResult | None]
+    left: int = 0
+
+
+class _Batch:
+    """The requests one ``run`` has in flight: which unit and row each one belongs to."""
+
+    def __init__(self, engine: VllmEngine):
+        self.engine = engine
+        self.inflight: dict[str, tuple[_Pending, int]] = {}
+        self.open: list[_Pending] = []
+
+    def add(self, unit: UnitRequests) -> None:
+        """Submit a unit's rows; rows that failed before (or at) submission are done at once."""
+        pending = _Pending(unit, [None] * len(unit.rows))
+        self.open.append(pending)
+        for i, req in enumerate(unit.rows):
+            if req.error is not None:
+                pending.results[i] = RowResult(req, error=req.error)
+                continue
+            request_id = str(self.engine.next_request_id())
+            try:
+                self.engine.submit(request_id, req)
+            except Exception as exc:  # the engine's own validation rejected this row
+                if not self.engine.alive():
+                    raise EngineFailure(f"engine died: {exc}") from exc
+                pending.results[i] = RowResult(req, error=f"rejected by engine: {exc}")
+                continue
+            self.inflight[request_id] = (pending, i)
+            pending.left += 1
+
+    def collect(self, outputs: list[Any]) -> None:
+        for out in outputs:
+            if not out.finished:
+                continue
+            pending, index = self.inflight.pop(out.request_id)
+            pending.results[index] = _row_result(pending.unit.rows[index], out)
+            pending.left -= 1
+            pending.unit.finished += 1
+
+    def finished(self) -> Iterator[UnitResult]:
+        """Any unit whose rows are all back, in whatever order they finish: committing early
+        is what bounds the work lost to a crash."""
+        done = [p for p in self.open if p.left == 0]
+        for p in done:
+            self.open.remove(p)
+            yield UnitResult(p.unit, list(p.results), self.engine.k, self.engine.method)
+
+
+class VllmEngine:
+    """A ``vllm.LLM`` for one (method, K), with a continuous feeding loop (``base.Engine``).
+
+    vLLM fixes K when the engine is built, so a different K means another engine; the
+    scheduler keeps an engine while the plan gives it units, to build as few as possible.
+    """
+
+    def __init__(self, spec: JobSpec, k: int):
+        from vllm import LLM
+
+        self.spec = spec
+        self.k = k
+        self.method = "none" if speculative_config(spec, k) is None else spec.speculative.method
+        started = time.perf_counter()
+        before = {p.pid for p in psutil.Process().children()}
+        self.llm = LLM(**engine_kwargs(spec, k))
+        self.build_s = time.perf_counter() - started
+        self.engine = self.llm.llm_engine
+        self._procs = [p for p in psutil.Process().children() if p.pid not in before]
+        self._watchdog_stop = threading.Event()
+        threading.Thread(target=self._watchdog, name="engine-watchdog", daemon=True).start()
+        self.max_model_len: int = self.engine.model_config.max_model_len
+        # Feed the next unit as soon as a slot of the batch frees up: the batch stays full
+        # (the new rows are scheduled at the very next step) while as few units as possible
+        # are open at once, which is what a crash loses.
+        self.low_water = spec.model.max_num_seqs
+        self._next_id = 0
+        self._steps = 0
+        self._params = sampling_params(spec)
+
+    def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
+        """``base.Engine.run``: units are pulled whenever fewer than ``low_water`` requests
+        are unfinished."""
+        batch = _Batch(self)
+        try:
+            while not should_abort():
+                while self.engine.get_num_unfinished_requests() < self.low_water:
+                    unit = source.next_unit()
+                    if unit is None:
+                        break
+                    batch.add(unit)
+                yield from batch.finished()
+                if not batch.inflight:
+                    if source.exhausted():
+                        return
+                    source.wait()
+                    continue
+                self._steps += 1
+                _maybe_inject_crash(self._steps)
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:
+                    raise EngineFailure(f"engine step failed: {exc!r}") from exc
+                batch.collect(outputs)
+        finally:
+            # Stopped early (abort, failure, consumer gone): drop what is still running.
+            if batch.inflight and self.alive():
+                with contextlib.suppress(Exception):
+                    self.engine.abort_request(list(batch.inflight))
+
+    def submit(self, request_id: str, req: RowRequest) -> None:
+        """Hand one row to vLLM; raises what vLLM raises when it rejects the row."""
+        params = self._params if req.seed is None else sampling_params(self.spec, req.seed)
+        self.engine.add_request(request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
+
+    def next_request_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def alive(self) -> bool:
+        resources = getattr(getattr(self.engine, "engine_core", None), "resources", None)
+        if getattr(resources, "engine_dead", False):
+            return False
+        for proc in self._procs:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                return False
+        return True
+
+    def _watchdog(self) -> None:
+        """Wake a ``step()`` blocked on a dead engine.
+
+        vLLM 0.32's client notices a dead engine-core process but leaves a caller blocked in
+        ``get_output`` waiting forever; putting the error into the output queue is how vLLM
+        itself forwards errors to that caller.
+        """
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        while not self._watchdog_stop.wait(0.5):
+            if not self.alive():
+                queue = getattr(self.engine.engine_core, "outputs_queue", None)
+                if queue is not None:
+                    queue.put_nowait(EngineDeadError())
+                return
+
+    def close(self) -> None:
+        """Stop the engine's processes and free its memory before another engine starts."""
+        self._watchdog_stop.set()
+        engine_core = getattr(self.engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            with contextlib.suppress(Exception):  # a dead engine may fail its shutdown
+                engine_core.shutdown()
+        del self.llm, self.engine
+        gc.collect()

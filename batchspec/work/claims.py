@@ -1,0 +1,217 @@
+"""Claiming work: units taken through leases and failure records, and fed to an engine.
+
+A worker takes the units its scheduler offers, skips what is committed or failed in this run,
+claims the rest by lease, and comes back now and then to units other workers held (a holder
+that stops hands them back; a dead one's lease goes stale). Units an engine failure
+interrupted come back first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections import deque
+
+from batchspec.io.inputs import PromptBuilder
+from batchspec.io.layout import OutDir
+from batchspec.io.writer import part_error_positions
+from batchspec.units import UnitRequests, WorkUnit
+from batchspec.work.leases import Leases
+from batchspec.work.scheduler import Scheduler
+from batchspec.work.stopping import StopFlag
+
+REVISIT_S = 2.0
+"""How often a worker looks again at units other workers held."""
+
+
+class FailureLog:
+    """``failed/<unit_id>.json``: units given up after repeated engine failures.
+
+    Within one run (``run_id``) a failed unit is skipped; a later run retries it, and its
+    record goes once the unit commits.
+    """
+
+    def __init__(self, out: OutDir, run: str):
+        self.out = out
+        self.run = run
+
+    def record(self, unit: WorkUnit, attempts: int, error: str) -> None:
+        self.out.failed.mkdir(parents=True, exist_ok=True)
+        data = {
+            "unit_id": unit.unit_id,
+            "run_id": self.run,
+            "attempts": attempts,
+            "error": error,
+            "rows": unit.num_rows,
+            "time": time.time(),
+        }
+        tmp = self.out.failed / f".{unit.unit_id}.{uuid.uuid4().hex[:8]}"
+        tmp.write_text(json.dumps(data) + "\n")
+        os.replace(tmp, self.out.failure(unit.unit_id))
+
+    def failed_in_this_run(self, unit_id: str) -> bool:
+        try:
+            return json.loads(self.out.failure(unit_id).read_text())["run_id"] == self.run
+        except (FileNotFoundError, ValueError, KeyError):
+            return False
+
+    def clear(self, unit_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.out.failure(unit_id).unlink()
+
+
+class Claims:
+    """One worker's claiming: which offered units it may run, and the ones others held."""
+
+    def __init__(self, out: OutDir, leases: Leases, failures: FailureLog, error_rows: set[str]):
+        self.out = out
+        self.leases = leases
+        self.failures = failures
+        self.error_rows = error_rows
+        """Committed units whose error rows are to be generated again (--retry-errors)."""
+        self.deferred: list[WorkUnit] = []
+        """Units held by other workers when we came by: looked at again later."""
+        self._again: deque[WorkUnit] = deque()
+        self._revisited = time.monotonic()
+
+    def next(self, scheduler: Scheduler, k: int, revisit_now: bool = False) -> WorkUnit | None:
+        """The next unit to run at K that this worker could claim, or None for now."""
+        if revisit_now:
+            self._revisited = 0.0
+        while True:
+            unit = self._again.popleft() if self._again else scheduler.next_unit(k)
+            if unit is not None:
+                if self.claim(unit):
+                    return unit
+                continue
+            # Units other workers held: look again now and then, since a holder that stops
+            # (a signal, a crash) hands them back or lets its lease go stale.
+            if not self.deferred or time.monotonic() - self._revisited < REVISIT_S:
+                return None
+            self._again.extend(self.deferred)
+            self.deferred.clear()
+            self._revisited = time.monotonic()
+
+    def claim(self, unit: WorkUnit) -> bool:
+        """Claim ``unit`` if it still needs work and nobody live holds it."""
+        uid = unit.unit_id
+        retrying = uid in self.error_rows
+        if self.failures.failed_in_this_run(uid):
+            return False
+        if not retrying and self.out.is_committed(uid):
+            return False
+        if not self.leases.try_claim(uid):
+            self.deferred.append(unit)  # a live worker holds it
+            return False
+        # Checked again under the lease: another worker may have finished it meanwhile.
+        done = not part_error_positions(self.out, uid) if retrying else self.out.is_committed(uid)
+        if done:
+            self.leases.release(uid)
+            return False
+        return True
+
+    def requests(self, unit: WorkUnit, builder: PromptBuilder) -> UnitRequests:
+        """A claimed unit's rows for the engine (only its error rows, when retrying those)."""
+        positions = None
+        if unit.unit_id in self.error_rows:
+            positions = part_error_positions(self.out, unit.unit_id)
+        return builder.build(unit, positions)
+
+
+class ClaimingSource:
+    """The units of one engine (one K): claimed as the engine's batch has room.
+
+    Offers ``requeue`` (a unit the engine lost, to run again first) and ``abandon`` (hand it
+    back to other workers); ``done`` once a unit is committed.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        claims: Claims,
+        k: int,
+        builder: PromptBuilder,
+        stop: StopFlag,
+        linger_s: float,
+        first: list[WorkUnit],
+    ):
+        self.scheduler = scheduler
+        self.claims = claims
+        self.k = k
+        self.builder = builder
+        self.stop = stop
+        self.linger_s = linger_s
+        """How long to wait on units others hold once nothing else is left (0: do not)."""
+        self.ready: deque[WorkUnit] = deque(first)
+        """Claimed units not yet given to the engine: claimed ahead, or requeued."""
+        self.open: dict[str, UnitRequests] = {}
+        """Units claimed and handed to the engine, not yet committed or given up."""
+        self._linger_since: float | None = None
+
+    def has_work(self) -> bool:
+        """Claim ahead (without building) so no engine starts for units others hold."""
+        if self.ready:
+            return True
+        unit = self.claims.next(self.scheduler, self.k)
+        if unit is None:
+            return False
+        self.ready.append(unit)
+        return True
+
+    def next_unit(self) -> UnitRequests | None:
+        if self.stop.stopping:
+            return None
+        unit = self.ready.popleft() if self.ready else self.claims.next(self.scheduler, self.k)
+        if unit is None:
+            return None
+        requests = self.claims.requests(unit, self.builder)
+        self.open[unit.unit_id] = requests
+        return requests
+
+    def exhausted(self) -> bool:
+        if self.stop.stopping:
+            return True
+        if self.ready:
+            return False
+        # Last look at the units others held before this engine goes idle.
+        unit = self.claims.next(self.scheduler, self.k, revisit_now=True)
+        if unit is not None:
+            self.ready.append(unit)
+            return False
+        if not self.claims.deferred:
+            return True
+        # Others still hold units: wait a while, to take over any they hand back or abandon;
+        # only once nothing else is left to run (the scheduler is empty).
+        if self._linger_since is None:
+            self._linger_since = time.monotonic()
+        linger = 0.0 if self.scheduler else self.linger_s
+        return time.monotonic() - self._linger_since >= linger
+
+    def wait(self) -> None:
+        time.sleep(1.0 if self._linger_since is not None else 0.05)
+
+    def progress(self) -> dict[str, int]:
+        """Rows finished per open unit (for the heartbeat's progress record)."""
+        return {uid: r.finished for uid, r in list(self.open.items())}
+
+    def requeue(self, unit_id: str) -> None:
+        """An open unit the engine lost: run it again, on this source's next engine."""
+        self.ready.append(self.open.pop(unit_id).unit)
+
+    def abandon(self, unit_id: str) -> None:
+        """Give an open unit up: its lease goes, so another worker (or run) takes it."""
+        self.open.pop(unit_id, None)
+        self.claims.leases.release(unit_id)
+
+    def release_unstarted(self) -> None:
+        """Hand back units claimed ahead but not yet given to the engine (on a stop)."""
+        for unit in list(self.ready):
+            if unit.unit_id not in self.open:
+                self.claims.leases.release(unit.unit_id)
+
+    def done(self, unit_id: str) -> None:
+        self.open.pop(unit_id, None)
+        self.claims.leases.release(unit_id)

@@ -1,0 +1,92 @@
+"""Which unit a worker runs next, and at which K: one object decides both.
+
+vLLM fixes K per engine, so the order of units is a plan of engines: the scheduler keeps the
+current engine's batch full as long as the K policy plans units at its K (deciding again for
+every unit, from the latest shared measurements), and says which K comes next when it stops
+doing so. It owns the units this worker may still run; claiming them (leases) is
+``claims``' business, and running them the engine's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from batchspec.speculation.policy import Decision, KPolicy
+from batchspec.units import WorkUnit
+
+Domain = str | None
+
+
+class Scheduler:
+    """The units a worker may still run, one queue per domain in plan order, and the choice
+    of the next one and its K.
+
+    Rows left per domain are kept as units are taken, so a decision costs O(domains), not
+    O(units), on plans of a hundred thousand units.
+    """
+
+    def __init__(self, units: list[WorkUnit], policy: KPolicy):
+        self.policy = policy
+        self._queues: dict[Domain, deque[tuple[int, WorkUnit]]] = {}
+        for i, u in enumerate(units):
+            self._queues.setdefault(u.domain, deque()).append((i, u))
+        self.rows = {d: sum(u.num_rows for _, u in q) for d, q in self._queues.items()}
+        """Rows left per domain; only domains with units left."""
+
+    def __bool__(self) -> bool:
+        return bool(self._queues)
+
+    def next_engine(self, engine_k: int | None) -> tuple[int, WorkUnit | None]:
+        """The K of the next engine and its first unit.
+
+        The current engine's K if the plan still runs units there, otherwise the planned K
+        with the most rows left; where much work is left and a neighbouring K was never
+        measured, first a single unit there (the policy's probe).
+        """
+        decision = self._decide(engine_k)
+        if decision.probe is not None:
+            domain, k = decision.probe
+            self.policy.taken(domain, explored=True)
+            return k, self._pop(domain)
+        rows_by_k: dict[int, int] = {}
+        for d, n in self.rows.items():
+            rows_by_k[decision.plan[d]] = rows_by_k.get(decision.plan[d], 0) + n
+        if engine_k is not None and engine_k in rows_by_k:
+            k = engine_k
+        else:
+            k = max(rows_by_k, key=lambda x: (rows_by_k[x], -x))
+        return k, self._take(k, decision.plan)
+
+    def next_unit(self, k: int) -> WorkUnit | None:
+        """For an engine at K that has room: the next unit to run there, or None when the
+        plan runs nothing more at K (or wants a probe elsewhere first): time to switch."""
+        if not self:
+            return None
+        decision = self._decide(k)
+        if decision.probe is not None and decision.probe[1] != k:
+            return None
+        return self._take(k, decision.plan)
+
+    def _decide(self, engine_k: int | None) -> Decision:
+        self.policy.refresh()
+        return self.policy.decide(self.rows, engine_k)
+
+    def _take(self, k: int, plan: dict[Domain, int]) -> WorkUnit | None:
+        """The next unit to run at K, in plan order: planned there, or riding along to keep
+        measuring K for its domain."""
+        planned = [d for d in self.rows if plan[d] == k]
+        riding = [d for d in self.rows if plan[d] != k and self.policy.explores(d, plan[d], k)]
+        candidates = planned + riding
+        if not candidates:
+            return None
+        # Of these domains, the one whose next unit comes first in the plan.
+        domain = min(candidates, key=lambda d: self._queues[d][0][0])
+        self.policy.taken(domain, explored=plan[domain] != k)
+        return self._pop(domain)
+
+    def _pop(self, domain: Domain) -> WorkUnit:
+        _, unit = self._queues[domain].popleft()
+        self.rows[domain] -= unit.num_rows
+        if not self._queues[domain]:
+            del self._queues[domain], self.rows[domain]
+        return unit

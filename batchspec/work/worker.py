@@ -1,0 +1,242 @@
+"""The worker loop: claim units, generate, commit, release; survive engine deaths and signals.
+
+Data flows one way: spec -> preflight (checks, plan) -> scheduler (next unit and its K) ->
+claim (lease) -> prompt builder -> engine -> writer (atomic part) -> release, and the unit's
+measurements back to the K policy. Everything another worker or a later run needs lives in
+the output directory (manifest, leases, parts, failure records, shared stats), so any number
+of workers, started anywhere at any time, pick up exactly the units that have no part yet.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tqdm import tqdm
+
+from batchspec.engines import Engine, EngineFailure, open_engine
+from batchspec.io.checks import Preflight, preflight
+from batchspec.io.inputs import PromptBuilder
+from batchspec.io.layout import OutDir
+from batchspec.io.manifest import claim_output_dir, make_manifest
+from batchspec.io.writer import Commit, PartWriter, output_schema, units_with_errors
+from batchspec.models import load_tokenizer
+from batchspec.spec import JobSpec
+from batchspec.speculation.estimator import Observation
+from batchspec.speculation.policy import KPolicy
+from batchspec.units import UnitResult, WorkUnit
+from batchspec.work.claims import ClaimingSource, Claims, FailureLog
+from batchspec.work.leases import Leases
+from batchspec.work.runlog import RunStats, run_id, worker_name, write_run_log
+from batchspec.work.scheduler import Scheduler
+from batchspec.work.stopping import StopFlag
+
+
+class Worker:
+    """One worker of a run: every unit of ``todo`` that it can claim, engine by engine."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        pre: Preflight,
+        todo: list[WorkUnit],
+        error_rows: set[str],
+        stats: RunStats,
+    ):
+        self.spec = spec
+        self.stats = stats
+        self.out = OutDir(spec.output_dir)
+        ex = spec.execution
+        name = worker_name()
+        self.leases = Leases(self.out, name, ex.lease_timeout_s, ex.heartbeat_s, self._progress)
+        self.failures = FailureLog(self.out, stats.run_id)
+        self.claims = Claims(self.out, self.leases, self.failures, error_rows)
+        self.scheduler = Scheduler(todo, KPolicy(spec, self.out, name))
+        self.stop = StopFlag(ex.shutdown_grace_s)
+        types = pre.column_types
+        passthrough = {c: types[c] for c in spec.input.passthrough_columns}
+        self.writer = PartWriter(self.out, output_schema(types[spec.input.id_column], passthrough))
+        self.tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
+        self.attempts: dict[str, int] = {}
+        self._source: ClaimingSource | None = None
+
+    def run(self, progress: bool) -> None:
+        bar = tqdm(
+            total=sum(self.scheduler.rows.values()),
+            unit="row",
+            disable=not progress,
+            dynamic_ncols=True,
+            desc="generating",
+        )
+        self.leases.start()
+        threading.Thread(target=self._on_stop, name="stop-release", daemon=True).start()
+        engine: Engine | None = None
+        try:
+            with self.stop.installed():
+                while self.scheduler and not self.stop.stopping:
+                    k, first = self.scheduler.next_engine(None if engine is None else engine.k)
+                    if engine is not None and engine.k != k:
+                        self._close(engine)
+                        engine = None
+                    engine = self._run_group(k, first, engine, bar)
+        finally:
+            if engine is not None:
+                self._close(engine)
+            self.leases.stop()
+            self.leases.release_all()
+            bar.close()
+            self.stats.stopped_by_signal = self.stop.stopping
+
+    def _progress(self) -> dict[str, int]:
+        return self._source.progress() if self._source is not None else {}
+
+    def _on_stop(self) -> None:
+        """On a stop, hand back at once what the engine has not started (other workers may
+        be about to finish, and would otherwise leave those units to the next run)."""
+        self.stop.tripped.wait()
+        if self._source is not None:
+            self._source.release_unstarted()
+
+    def _run_group(
+        self, k: int, first: WorkUnit | None, engine: Engine | None, bar: tqdm
+    ) -> Engine | None:
+        """Units at one K, as long as the scheduler gives them; returns the engine, still up
+        for the next group.
+
+        A unit is claimed before any engine starts, so no engine starts for units others
+        hold. After an engine failure the units in flight are retried on a new engine, until
+        they commit or run out of attempts.
+        """
+        claimed = first is not None and self.claims.claim(first)
+        unit = first if claimed else self.claims.next(self.scheduler, k)
+        if unit is None:
+            return engine
+        if engine is None:
+            engine = self._build(k)
+        builder = PromptBuilder(
+            self.spec.input, self.tokenizer, engine.max_model_len, self.spec.sampling.seed
+        )
+        source = ClaimingSource(
+            self.scheduler, self.claims, k, builder, self.stop, self.spec.execution.linger_s, [unit]
+        )
+        self._source = source
+        while True:
+            failure = self._drive(engine, source, bar)
+            if failure is None:
+                for uid in list(source.open):  # aborted at the shutdown deadline: hand back
+                    self.stats.units_abandoned += 1
+                    source.abandon(uid)
+                return engine
+            self._close(engine)
+            self._after_failure(source, failure)
+            if self.stop.stopping or not source.has_work():
+                return None
+            engine = self._build(k)
+
+    def _drive(self, engine: Engine, source: ClaimingSource, bar: tqdm) -> str | None:
+        """Run the engine on the source and commit what it yields; the failure, if it died."""
+        record = {
+            "method": engine.method,
+            "num_speculative_tokens": engine.k,
+            "build_s": round(engine.build_s, 3),
+            "units": 0,
+            "output_tokens": 0,
+        }
+        started = time.perf_counter()
+        try:
+            for result in engine.run(source, self.stop.expired):
+                record["units"] += 1
+                record["output_tokens"] += self._commit(result, source)
+                bar.update(len(result.results))
+        except EngineFailure as exc:
+            record["failure"] = str(exc)
+        finally:
+            gen_s = time.perf_counter() - started
+            self.stats.generate_s += gen_s
+            record["generate_s"] = round(gen_s, 3)
+            self.stats.engines.append(record)
+        return record.get("failure")
+
+    def _build(self, k: int) -> Engine:
+        engine = open_engine(self.spec, k)
+        self.scheduler.policy.measured_start(engine.build_s)
+        self.stats.engine_build_s += engine.build_s
+        self.stats.engine_builds += 1
+        return engine
+
+    def _close(self, engine: Engine) -> None:
+        started = time.perf_counter()
+        engine.close()
+        self.stats.engine_close_s += time.perf_counter() - started
+
+    def _after_failure(self, source: ClaimingSource, error: str) -> None:
+        """Units in flight when the engine died: retry them, or give up after max attempts."""
+        self.stats.engine_failures += 1
+        for uid, requests in list(source.open.items()):
+            if self.stop.stopping:  # the signal may have taken the engine down with it
+                self.stats.units_abandoned += 1
+                source.abandon(uid)
+                continue
+            self.attempts[uid] = self.attempts.get(uid, 0) + 1
+            if self.attempts[uid] >= self.spec.execution.max_unit_attempts:
+                self.failures.record(requests.unit, self.attempts[uid], error)
+                self.stats.units_failed += 1
+                source.abandon(uid)
+            else:
+                source.requeue(uid)
+
+    def _commit(self, result: UnitResult, source: ClaimingSource) -> int:
+        """Write a unit's part, release it, learn from it; returns its output tokens."""
+        unit_id = result.unit.unit_id
+        outcome, _ = self.writer.commit(result)
+        if outcome is Commit.DISCARDED:
+            self.stats.units_discarded += 1
+        else:
+            self.stats.units_committed += 1
+        if outcome is Commit.COMMITTED:
+            self.failures.clear(unit_id)
+        source.done(unit_id)
+        self.scheduler.policy.observe(Observation.from_result(result, self.spec.model.max_num_seqs))
+        tokens = sum(r.num_output_tokens or 0 for r in result.results)
+        self.stats.rows += len(result.results)
+        self.stats.error_rows += sum(r.error is not None for r in result.results)
+        self.stats.output_tokens += tokens
+        return tokens
+
+
+def prepare_run(
+    spec: JobSpec, limit: int | None, retry_errors: bool = False
+) -> tuple[Preflight, list[WorkUnit], set[str]]:
+    """Check everything, bind the output directory to this run, and list the work left:
+    uncommitted units, plus (``retry_errors``) committed units that hold error rows."""
+    pre = preflight(spec, limit)
+    out = OutDir(spec.output_dir)
+    claim_output_dir(out, make_manifest(spec, pre.files, limit, pre.units))
+    done = out.committed_units()
+    errors = units_with_errors(out) if retry_errors else set()
+    return pre, [u for u in pre.units if u.unit_id not in done or u.unit_id in errors], errors
+
+
+def run_job(
+    spec: JobSpec, limit: int | None = None, progress: bool = True, retry_errors: bool = False
+) -> RunStats:
+    """Run one worker over the job: generate every unit that has no part and that it can claim
+    (and, with ``retry_errors``, the error rows of committed units)."""
+    started = time.perf_counter()
+    pre, todo, error_rows = prepare_run(spec, limit, retry_errors)
+    stats = RunStats(
+        str(spec.output_dir),
+        run_id(),
+        worker_name(),
+        len(pre.units),
+        units_skipped=len(pre.units) - len(todo),
+    )
+    if not todo:
+        stats.wall_s = time.perf_counter() - started
+        return stats
+    try:
+        Worker(spec, pre, todo, error_rows, stats).run(progress)
+    finally:
+        stats.wall_s = time.perf_counter() - started
+        write_run_log(OutDir(spec.output_dir), stats)
+    return stats

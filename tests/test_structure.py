@@ -1,0 +1,57 @@
+"""The package's shape: data flows one way between its folders, and pieces stay readable."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "batchspec"
+LAYERS = ["io", "engines", "speculation", "work", "cluster|observe", "cli"]
+"""Folders in the order data flows; top-level modules (spec, units, errors, models) come first.
+A module may import its own layer and the ones before it, never a later one."""
+
+
+def layer(module: str) -> int:
+    """0 for top-level modules, then 1.. for the folders in LAYERS order."""
+    parts = module.split(".")
+    if parts[-1] == "__main__":
+        return len(LAYERS) + 1
+    for i, names in enumerate(LAYERS, 1):
+        if parts[1] in names.split("|"):
+            return i
+    folder = PACKAGE / parts[1]
+    assert not folder.is_dir(), f"{module}: folder {parts[1]!r} has no layer; add it to LAYERS"
+    return 0
+
+
+def modules() -> dict[str, tuple[int, ast.Module]]:
+    """Module name -> (lines, syntax tree), for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        text = path.read_text()
+        found[name.removesuffix(".__init__")] = (len(text.splitlines()), ast.parse(text))
+    return found
+
+
+def test_imports_flow_one_way() -> None:
+    wrong = []
+    for name, (_, tree) in modules().items():
+        for node in ast.walk(tree):
+            target = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+            if target.startswith("batchspec.") and layer(target) > layer(name):
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, wrong
+
+
+def test_modules_and_functions_stay_short() -> None:
+    long = []
+    for name, (lines, tree) in modules().items():
+        if lines > 350:
+            long.append(f"{name}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                size = node.end_lineno - node.lineno + 1
+                if size > 60:
+                    long.append(f"{name}.{node.name}: {size} lines")
+    assert not long, long
