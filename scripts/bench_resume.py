@@ -46,7 +46,8 @@ class Trial:
     """Units the dead workers held leases on."""
 
 
-def _committed(out: Path) -> int:
+def committed(out: Path) -> int:
+    """Units committed in an output directory."""
     parts = out / "parts"
     return len(list(parts.glob("*.parquet"))) if parts.is_dir() else 0
 
@@ -75,13 +76,20 @@ def _start(job: Path, workers: int) -> subprocess.Popen:
 
 
 def kill_trials(
-    job: Path, out: Path, trials: int, seed: int, workers: int = 1, startup_share: float = 0.2
+    job: Path,
+    out: Path,
+    trials: int,
+    seed: int,
+    workers: int = 1,
+    startup_share: float = 0.2,
+    finish: bool = True,
 ) -> list[Trial]:
-    """Kill -9 a run of ``job`` ``trials`` times at random points; then run it to the end."""
+    """Kill -9 a run of ``job`` ``trials`` times at random points; then (``finish``) run it to
+    the end."""
     rng = random.Random(seed)
     results = []
     for _ in range(trials):
-        before = _committed(out)
+        before = committed(out)
         started = time.time()
         proc = _start(job, workers)
         if rng.random() < startup_share:
@@ -89,7 +97,7 @@ def kill_trials(
             time.sleep(delay)
         else:
             when, delay = "generating", rng.uniform(0.0, 3.0)
-            while _committed(out) == before and proc.poll() is None:
+            while committed(out) == before and proc.poll() is None:
                 time.sleep(0.1)
             time.sleep(delay)
         if proc.poll() is not None:
@@ -98,7 +106,9 @@ def kill_trials(
         proc.wait()
         time.sleep(0.5)  # let the kernel reap the engine processes
         rows, units = _lost_work(out, started)
-        results.append(Trial(when, delay, before, _committed(out), rows, units))
+        results.append(Trial(when, delay, before, committed(out), rows, units))
+    if not finish:
+        return results
     final = subprocess.run(
         [sys.executable, "-m", "batchspec", "run", str(job), "--no-progress"],
         capture_output=True,

@@ -307,6 +307,9 @@ class Cluster:
         startup_timeout: seconds :meth:`start` waits for the node to be idle.
         extra_conf: more ``slurm.conf`` lines, placed before the node and partition lines.
         keep_dir: keep a temporary directory (logs) after :meth:`stop`.
+        task_plugin: ``TaskPlugin``: ``task/affinity`` (default) binds each task to the CPUs
+            Slurm allocated it, as production clusters do, so tasks on one node do not all
+            compute on the same cores; ``task/none`` leaves them unbound.
 
     Attributes: ``dir``, ``conf_path``, ``log_dir``, ``jobcomp_path``, ``node``,
     ``partition``, ``ctld_port``, ``slurmd_port``, ``startup_seconds``, and :attr:`env`.
@@ -322,6 +325,7 @@ class Cluster:
         startup_timeout: float = 60.0,
         extra_conf: Sequence[str] = (),
         keep_dir: bool = False,
+        task_plugin: str = "task/affinity",
     ) -> None:
         self._owns_dir = directory is None
         if directory is None:
@@ -333,6 +337,7 @@ class Cluster:
         self.cred_expire = cred_expire
         self.startup_timeout = startup_timeout
         self.extra_conf = list(extra_conf)
+        self.task_plugin = task_plugin
         self.keep_dir = keep_dir
         self.node = _short_hostname()
         self.partition = PARTITION
@@ -610,7 +615,7 @@ class Cluster:
             "SlurmdDebug=info",
             f"PlugStackConfig={d / 'etc' / 'plugstack.conf'}",
             "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            f"TaskPlugin={self.task_plugin}",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "SchedulerType=sched/backfill",

@@ -2,6 +2,11 @@
 
 End-to-end tests run the real ``batchspec`` command (real vLLM on the embedded model) in a
 subprocess, exactly as a user would; only unit tests of orchestration logic use doubles.
+
+The suite runs its files on parallel workers (pytest-xdist, ``--dist loadfile``), and the
+engines each worker starts compute on cores of their own: vLLM's CPU build binds an engine's
+threads to the first cores it may use, so the engines of two workers would otherwise compute
+on the same core. ``--full`` runs the long trials in full (ten kill -9 trials, not four).
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ import pytest
 import yaml
 from slurm_fixture import slurm_cluster  # noqa: F401  (a real one-node Slurm cluster)
 
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+MAX_TEST_WORKERS = 4
+"""More parallel engines than this would need more memory than a CI machine has."""
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "jobs" / "data" / "prompts.parquet"
 SPECULATIVE_MEASURED = (
@@ -27,6 +36,58 @@ SPECULATIVE_MEASURED = (
     "acceptance_histogram",
 )
 """The issue's columns measured by speculation: null, not zero, on rows generated without it."""
+DOMAINS = ["chat", "code", "math", "qa", "summarization", "translation"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true", help="run the long trials in full")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker more than cores: much of a test is waiting (engine starts, Slurm, sleeps)."""
+    return max(1, min(len(os.sched_getaffinity(0)) + 1, MAX_TEST_WORKERS))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist worker, bind the compute threads of its engines to a share of the cores.
+
+    Only the engines' threads are bound (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``), not the
+    processes: pinning a whole test to one core also puts vLLM's busy-polling scheduler
+    process there, which halved the speed of single-engine tests in a trial run.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0))
+    if worker is None or count < 2 or len(cpus) < 2 or CPU_BIND_ENV in os.environ:
+        return
+    index = int(worker.removeprefix("gw"))
+    per = max(1, len(cpus) // count)
+    start = (index * per) % len(cpus)
+    os.environ[CPU_BIND_ENV] = ",".join(map(str, cpus[start : start + per]))
+
+
+LONGEST_FIRST = [
+    "test_interrupts.py",
+    "test_slurm.py",
+    "test_e2e.py",
+    "test_crash.py",
+    "test_adaptive.py",
+    "test_tune.py",
+    "test_workers.py",
+]
+"""The files that start engines, longest first (as measured): parallel workers take files in
+collection order, and a long file taken last would leave the other worker idle. Order only."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(scope="session")
+def full(request: pytest.FixtureRequest) -> bool:
+    """Whether to run the long trials in full (``--full``)."""
+    return bool(request.config.getoption("--full"))
 
 
 def job_dict(out_dir: Path, **sections: dict[str, Any] | None) -> dict[str, Any]:
@@ -42,6 +103,17 @@ def job_dict(out_dir: Path, **sections: dict[str, Any] | None) -> dict[str, Any]
         else:
             job.setdefault(name, {}).update(values)
     return job
+
+
+def small_job(tmp: Path, per_domain: int, **sections: dict[str, Any]) -> Path:
+    """The default job over the first ``per_domain`` prompts of every domain, 4-row units."""
+    import polars as pl
+
+    df = pl.read_parquet(PROMPTS).group_by("domain", maintain_order=True).head(per_domain)
+    df.sort("id").write_parquet(tmp / "in.parquet")
+    job = job_dict(tmp / "out", input={"path": str(tmp / "in.parquet")}, **sections)
+    job["output"]["unit_rows"] = 4
+    return write_job(tmp / "job.yaml", job)
 
 
 def write_job(path: Path, job: dict[str, Any]) -> Path:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec.cluster.launch import gpu_slices
+from batchspec.cluster.launch import cpu_slices, gpu_slices
 from batchspec.cluster.slurm import SubmitOptions, render_script
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
@@ -24,6 +24,14 @@ def test_gpu_slices_by_tensor_parallel_size() -> None:
     assert gpu_slices(2, 4, []) == [None, None]  # CPU: workers share the machine
     with pytest.raises(UserError, match="needs 8 GPUs; 4 are visible"):
         gpu_slices(2, 4, ["0", "1", "2", "3"])
+
+
+def test_cpu_slices_give_each_worker_its_own_cores() -> None:
+    assert cpu_slices(2, 1, [0, 1]) == ["0", "1"]
+    # Four cores per worker: three for its threads, one left to its engine's scheduler.
+    assert cpu_slices(2, 1, list(range(8))) == ["0,1,2", "4,5,6"]
+    assert cpu_slices(1, 2, [0, 1, 2, 3]) == ["0|2"]  # one bind list per tensor-parallel rank
+    assert cpu_slices(3, 1, [0, 1]) == [None, None, None]  # fewer cores than workers
 
 
 def test_sbatch_script(tmp_path: Path) -> None:

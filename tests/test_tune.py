@@ -5,29 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import polars as pl
 import pytest
-from conftest import PROMPTS, job_dict, run_cli, write_job
+from conftest import DOMAINS, run_cli, small_job
 
 from batchspec.io.layout import OutDir
-from batchspec.speculation.estimator import Observation
-from batchspec.speculation.shared import write_tuning
 
 pytestmark = pytest.mark.engine
 
-DOMAINS = ["chat", "code", "math", "qa", "summarization", "translation"]
-
-
-def small_job(tmp: Path, per_domain: int, **sections) -> Path:
-    df = pl.read_parquet(PROMPTS).group_by("domain", maintain_order=True).head(per_domain)
-    df.sort("id").write_parquet(tmp / "in.parquet")
-    job = job_dict(tmp / "out", input={"path": str(tmp / "in.parquet")}, **sections)
-    job["output"]["unit_rows"] = 4
-    return write_job(tmp / "job.yaml", job)
-
 
 def test_tune_measures_every_k_of_the_grid(tmp_path: Path) -> None:
-    job = small_job(tmp_path, 4, speculative={"k_grid": [0, 3]}, sampling={"max_tokens": 32})
+    job = small_job(tmp_path, 4, speculative={"k_grid": [0, 3]}, sampling={"max_tokens": 16})
     result = run_cli("tune", str(job), "--sample", "4")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "measured output tokens/s per domain and K" in result.stdout
@@ -42,74 +29,3 @@ def test_tune_measures_every_k_of_the_grid(tmp_path: Path) -> None:
         assert d["chosen_k"] in (0, 3) and 0 < d["alpha"] < 1
     assert len(entry["observations"]) == 12
     assert all(o["rows"] == 4 and o["output_tokens"] > 0 for o in entry["observations"])
-
-
-def fabricated_tuning(path: Path, favour: dict[str, int]) -> None:
-    """A tuning file whose (huge) measurements make K=favour[d] best per domain by so much
-    that switching engines pays even for the few rows of this test."""
-    observations = []
-    for domain in DOMAINS:
-        for k in (0, 3):
-            tokens = 1_000_000
-            rate = 50.0 if k == favour[domain] else 1.0
-            observations.append(
-                Observation(
-                    domain,
-                    k,
-                    8,
-                    rows=10_000,
-                    output_tokens=tokens,
-                    running_s=tokens / rate,
-                    accepted=tokens // 3 if k else 0,
-                    rejections=tokens // 6 if k else 0,
-                    spec_steps=tokens // 3 if k else 0,
-                    decode_steps=tokens // 2,
-                ).__dict__
-            )
-    write_tuning(
-        path,
-        {
-            "method": "ngram",
-            "k_grid": [0, 3],
-            "batches": [{"batch": 8, "observations": observations}],
-        },
-    )
-
-
-def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
-    job = small_job(
-        tmp_path, 4, speculative={"k_grid": [0, 3], "explore": 0.0}, sampling={"max_tokens": 16}
-    )
-    favour = {d: 3 if d in ("code", "qa") else 0 for d in DOMAINS}
-    fabricated_tuning(OutDir(tmp_path / "out").tuning, favour)
-    result = run_cli("run", str(job), "--no-progress")
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
-    used = dict(out.group_by("domain").agg(pl.col("num_speculative_tokens").unique()).iter_rows())
-    assert used == {d: [k] for d, k in favour.items()}
-    methods = dict(out.group_by("domain").agg(pl.col("spec_method").unique()).iter_rows())
-    assert methods == {d: ["ngram" if k else "none"] for d, k in favour.items()}
-    assert "chosen_K" in result.stdout
-    # Both engines' units fed the shared measurements the next worker will read.
-    stats = list((tmp_path / "out" / "stats").glob("*.jsonl"))
-    assert len(stats) == 1 and len(stats[0].read_text().splitlines()) == out["unit_id"].n_unique()
-
-
-def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path) -> None:
-    job = small_job(
-        tmp_path, 4, speculative={"k_grid": [0, 3, 5], "explore": 1.0}, sampling={"max_tokens": 16}
-    )
-    path = OutDir(tmp_path / "out").tuning
-    fabricated_tuning(path, {d: 3 for d in DOMAINS})  # measured at K=0 and 3 only
-    data = json.loads(path.read_text())
-    data["k_grid"] = [0, 3, 5]
-    data["engine_build_s"] = 0.01  # so cheap that even these 24 rows are worth a probe
-    write_tuning(path, data)
-    result = run_cli("run", str(job), "--no-progress")
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
-    assert out.height == 24
-    probed = out.filter(pl.col("num_speculative_tokens") == 5)
-    assert probed["unit_id"].n_unique() >= 1 and probed["num_spec_steps"].sum() > 0
-    (log,) = (json.loads(p.read_text()) for p in (tmp_path / "out" / "runs").glob("*.json"))
-    assert log["engines"][0]["num_speculative_tokens"] == 5  # the probe came first
