@@ -8,7 +8,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import DOMAINS, SPECULATIVE_MEASURED, run_cli, small_job
+from conftest import DOMAINS, IN_PROCESS_ENGINE, SPECULATIVE_MEASURED, run_cli, small_job
 
 from batchspec.io.layout import OutDir
 from batchspec.speculation.estimator import Observation
@@ -55,7 +55,7 @@ def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
     )
     favour = {d: 3 if d in ("code", "qa") else 0 for d in DOMAINS}
     fabricated_tuning(OutDir(tmp_path / "out").tuning, favour)
-    result = run_cli("run", str(job), "--no-progress")
+    result = run_cli("run", str(job), "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
     used = dict(out.group_by("domain").agg(pl.col("num_speculative_tokens").unique()).iter_rows())
@@ -83,7 +83,7 @@ def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path)
     data["k_grid"] = [0, 3, 5]
     data["engine_build_s"] = 0.01  # so cheap that even these 24 rows are worth a probe
     write_tuning(path, data)
-    result = run_cli("run", str(job), "--no-progress")
+    result = run_cli("run", str(job), "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
     assert out.height == 24

@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import PROMPTS, job_dict, run_cli, write_job
+from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, write_job
 
 from batchspec.models import embedded_dir
 
@@ -71,7 +71,7 @@ def ngram_run(tmp_path_factory):
     source = mixed_input(tmp / "in.parquet")
     job = job_dict(tmp / "out", input={"path": str(tmp / "in.parquet")})
     path = write_job(tmp / "job.yaml", job)
-    result = run_cli("run", str(path), "--no-progress")
+    result = run_cli("run", str(path), "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     return path, source, pl.read_parquet(tmp / "out" / "parts" / "*.parquet"), result
 
@@ -147,7 +147,7 @@ def test_rerun_is_a_quick_noop(ngram_run) -> None:
     path, _, _, _ = ngram_run
     parts = sorted((path.parent / "out" / "parts").iterdir())
     started = time.monotonic()
-    result = run_cli("run", str(path), "--no-progress")
+    result = run_cli("run", str(path), "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr
     assert "nothing to do" in result.stdout
     assert time.monotonic() - started < 60  # no engine start
@@ -156,7 +156,7 @@ def test_rerun_is_a_quick_noop(ngram_run) -> None:
 
 def test_rerun_with_other_spec_is_refused(ngram_run) -> None:
     path = ngram_run[0]
-    result = run_cli("run", str(path), "--set", "sampling.max_tokens=5")
+    result = run_cli("run", str(path), "--set", "sampling.max_tokens=5", env=IN_PROCESS_ENGINE)
     assert result.returncode == 2
     assert "holds a run with a different job spec" in result.stderr
 
@@ -174,7 +174,7 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path: Path) -> None:
         output={"unit_rows": 4},
     )
     path = write_job(tmp_path / "job.yaml", job)
-    result = run_cli("run", str(path), "--limit", "8", "--no-progress")
+    result = run_cli("run", str(path), "--limit", "8", "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
     assert out.height == 8 and out["error"].null_count() == 8
@@ -187,7 +187,7 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path: Path) -> None:
 def test_retry_errors_regenerates_only_error_rows(ngram_run) -> None:
     path, source, before, _ = ngram_run
     out = path.parent / "out"
-    result = run_cli("run", str(path), "--retry-errors", "--no-progress")
+    result = run_cli("run", str(path), "--retry-errors", "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     logs = sorted((out / "runs").glob("*.json"))
     last = json.loads(logs[-1].read_text())

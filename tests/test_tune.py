@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DOMAINS, run_cli, small_job
+from conftest import DOMAINS, IN_PROCESS_ENGINE, run_cli, small_job
 
 from batchspec.io.layout import OutDir
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 def test_tune_measures_every_k_of_the_grid(tmp_path: Path) -> None:
     job = small_job(tmp_path, 4, speculative={"k_grid": [0, 3]}, sampling={"max_tokens": 16})
-    result = run_cli("tune", str(job), "--sample", "4")
+    result = run_cli("tune", str(job), "--sample", "4", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "measured output tokens/s per domain and K" in result.stdout
     data = json.loads(OutDir(tmp_path / "out").tuning.read_text())
