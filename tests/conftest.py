@@ -11,6 +11,7 @@ on the same core. ``--full`` runs the long trials in full (ten kill -9 trials, n
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -149,6 +150,11 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def run_logs(out: Path) -> list[dict[str, Any]]:
+    """The run logs (``runs/*.json``) of an output directory, oldest first."""
+    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
 
 
 @pytest.fixture

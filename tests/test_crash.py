@@ -10,16 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_logs
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_resume import check_output, resume_job
 
 pytestmark = pytest.mark.engine
-
-
-def _logs(out: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
 
 
 def test_engine_crash_retried_then_failed_units_rerun(tmp_path: Path) -> None:
@@ -51,7 +47,7 @@ def test_engine_crash_retried_then_failed_units_rerun(tmp_path: Path) -> None:
     )
     assert len(failed) == 2  # both units: no engine survives its third step
     assert not (out / "parts").exists()
-    assert _logs(out)[-1]["engine_failures"] >= 2
+    assert run_logs(out)[-1]["engine_failures"] >= 2
     # The next run retries the failed units; its first engine crashes once and is rebuilt.
     env["BATCHSPEC_INJECT_ENGINE_CRASH"] = "3:1"
     recovering = subprocess.run(
@@ -62,7 +58,7 @@ def test_engine_crash_retried_then_failed_units_rerun(tmp_path: Path) -> None:
         timeout=900,
     )
     assert recovering.returncode == 0, recovering.stderr[-3000:]
-    assert _logs(out)[-1]["engine_failures"] == 1
+    assert run_logs(out)[-1]["engine_failures"] == 1
     assert "1 engine failures recovered" in recovering.stdout
     assert not list((out / "failed").glob("*.json"))
     check_output(out, ids)

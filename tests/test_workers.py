@@ -3,22 +3,17 @@ commit one twice."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_logs
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_resume import check_output, resume_job
 
 pytestmark = pytest.mark.engine
-
-
-def _logs(out: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
 
 
 def test_two_workers_share_units_and_never_commit_one_twice(tmp_path: Path) -> None:
@@ -27,7 +22,7 @@ def test_two_workers_share_units_and_never_commit_one_twice(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
     check_output(out, ids)
-    logs = _logs(out)
+    logs = run_logs(out)
     assert len(logs) == 2 and len({log["worker"] for log in logs}) == 2
     assert all(log["units_committed"] > 0 for log in logs), "one worker did all the work"
     units = len(list((out / "parts").glob("*.parquet")))
