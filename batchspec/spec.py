@@ -18,35 +18,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from batchspec.errors import UserError
+from batchspec.spec_keys import (
+    ENGINE_KEYS_SET,
+    OUTPUT_NEUTRAL,
+    ROW_SEEDS,
+    SPECULATIVE_KEYS_SET,
+    not_set_by_batchspec,
+)
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
-
-OUTPUT_NEUTRAL: frozenset[str] = frozenset(
-    {
-        "name",
-        "output.dir",
-        "model.tensor_parallel_size",
-        "model.max_num_seqs",
-        "model.gpu_memory_utilization",
-        "model.enforce_eager",
-        "speculative.method",
-        "speculative.model",
-        "speculative.num_speculative_tokens",
-        "speculative.prompt_lookup_min",
-        "speculative.prompt_lookup_max",
-        "speculative.draft_tensor_parallel_size",
-        "speculative.per_domain",
-        "speculative.adaptive",
-        "speculative.k_grid",
-        "speculative.explore",
-        "execution",
-    }
-)
-"""Spec keys (or whole sections) that change how fast rows are generated, never which rows, so
-they are left out of the content hash and may change between runs into one output directory:
-where output goes, batch size and parallelism, and all of speculation (lossless: it keeps the
-target's output distribution; every row records the method and K it ran with). Every other key
-is hashed, so a new key binds the output directory unless it is added here, with its reason."""
 
 
 def _shown(default: str) -> dict[str, Any]:
@@ -143,8 +123,13 @@ class ModelSpec(_Section):
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="any other `vllm.LLM` keyword, passed through (in the spec hash: "
-        "quantization or revision change outputs)",
+        "quantization or revision change outputs); not one that batchspec sets",
     )
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_ours(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return not_set_by_batchspec(v, ENGINE_KEYS_SET)
 
 
 class SpeculativeSpec(_Section):
@@ -207,8 +192,15 @@ class SpeculativeSpec(_Section):
         "neighbouring K may take",
     )
     extra: dict[str, Any] = Field(
-        default_factory=dict, description="further `speculative_config` keys, passed through"
+        default_factory=dict,
+        description="further `speculative_config` keys, passed through; not one that batchspec "
+        "sets (method, K, draft, lookup bounds, draft parallelism)",
     )
+
+    @field_validator("extra")
+    @classmethod
+    def _not_set_here(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return not_set_by_batchspec(v, SPECULATIVE_KEYS_SET)
 
     @field_validator("per_domain")
     @classmethod
@@ -283,6 +275,12 @@ class ExecutionSpec(_Section):
         description="after its own work, how long a worker waits on units others still hold, "
         "to take over any they hand back or abandon; 0 = exit as soon as nothing is claimable",
     )
+    engine_stall_s: float = Field(
+        600.0,
+        gt=0,
+        description="an engine step that gives no output for this long (a wedged driver or "
+        "collective call) kills the engine; its units are retried as after a crash",
+    )
     shutdown_grace_s: float = Field(
         30.0,
         ge=0,
@@ -343,5 +341,9 @@ class JobSpec(_Section):
             else:
                 exclude[section] = True
         data = self.model_dump(mode="json", exclude=exclude)
+        if self.sampling.seed is not None:
+            # Rows sample with seeds derived from it: a new derivation is another sample, and
+            # an output directory must not mix the two.
+            data["sampling"]["row_seeds"] = ROW_SEEDS
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

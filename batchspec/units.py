@@ -81,6 +81,11 @@ class RowResult:
     timing: dict[str, float] | None = None
     """Engine timestamps of one monotonic clock: queued, scheduled, first_token, last_token."""
     error: str | None = None
+    token_ids: list[int] | None = None
+    """The generated token ids (``batchspec verify`` compares them; the writer keeps text)."""
+    top_logprobs: list[dict[int, float]] | None = None
+    """Per generated position, the target's top log-probabilities by token id; only when the
+    engine was opened with ``logprobs`` (``batchspec verify``)."""
 
     @property
     def running_s(self) -> float | None:

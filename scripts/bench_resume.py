@@ -10,7 +10,7 @@ Then it checks that every input id is in the output exactly once and every part 
     .venv/bin/python scripts/bench_resume.py                  # 10 kills, default test job
     .venv/bin/python scripts/bench_resume.py --trials 20 --workers 2
 
-The test suite runs the same trials (tests/test_resume.py) through ``kill_trials``.
+The test suite runs the same trials (tests/test_interrupts.py) through ``kill_trials``.
 """
 
 from __future__ import annotations

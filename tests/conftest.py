@@ -11,10 +11,12 @@ on the same core. ``--full`` runs the long trials in full (ten kill -9 trials, n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +167,56 @@ def job_file(tmp_path: Path):
         return write_job(tmp_path / name, job_dict(tmp_path / "out", **sections))
 
     return make
+
+
+def signal_group(
+    args: list[str], out: Path, signals: list[int], env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``batchspec run ARGS`` in a process group of its own (as a shell job is), wait for
+    its next commit (or, with a hang injected, for its engine to have units in flight), then
+    send ``signals`` to the whole group, 1.5 s apart. Returns the finished process and the
+    seconds from the last signal to its exit."""
+
+    t0 = time.time()
+    parts = len(list((out / "parts").glob("*.parquet")))
+
+    def started() -> bool:
+        if "BATCHSPEC_INJECT_ENGINE_HANG" not in (env or {}):
+            return len(list((out / "parts").glob("*.parquet"))) > parts
+        # Hung: wait for its engine to be up, with units in flight (its progress record).
+        for path in (out / "leases").glob("*.progress.json"):
+            with contextlib.suppress(OSError, ValueError):
+                if path.stat().st_mtime >= t0 and json.loads(path.read_text())["units"]:
+                    return True
+        return False
+
+    cmd = [sys.executable, "-m", "batchspec", "run", *args, "--no-progress"]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while not started():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run did not start in time"
+        time.sleep(0.2)
+    for i, signum in enumerate(signals):
+        time.sleep(1.5 if i else 0.0)
+        os.killpg(proc.pid, signum)
+    sent = time.monotonic()
+    stdout, stderr = proc.communicate(timeout=120)
+    seconds = time.monotonic() - sent
+    # Nothing of the group (the engine's processes) may outlive the run (reaping takes a moment).
+    for _ in range(50):
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("processes of the run's group outlived it")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), seconds

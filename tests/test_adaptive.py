@@ -11,15 +11,16 @@ import pytest
 from conftest import DOMAINS, IN_PROCESS_ENGINE, SPECULATIVE_MEASURED, run_cli, small_job
 
 from batchspec.io.layout import OutDir
+from batchspec.spec_file import load_spec
 from batchspec.speculation.estimator import Observation
-from batchspec.speculation.shared import write_tuning
+from batchspec.speculation.shared import tuning_identity, write_tuning
 
 pytestmark = pytest.mark.engine
 
 
-def fabricated_tuning(path: Path, favour: dict[str, int]) -> None:
-    """A tuning file whose (huge) measurements make K=favour[d] best per domain by so much
-    that switching engines pays even for the few rows of this test."""
+def fabricated_tuning(job: Path, path: Path, favour: dict[str, int]) -> None:
+    """A tuning file for ``job`` whose (huge) measurements make K=favour[d] best per domain by
+    so much that switching engines pays even for the few rows of this test."""
     observations = []
     for domain in DOMAINS:
         for k in (0, 3):
@@ -43,6 +44,7 @@ def fabricated_tuning(path: Path, favour: dict[str, int]) -> None:
         path,
         {
             "method": "ngram",
+            "identity": tuning_identity(load_spec(job)),
             "k_grid": [0, 3],
             "batches": [{"batch": 8, "observations": observations}],
         },
@@ -54,7 +56,7 @@ def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
         tmp_path, 4, speculative={"k_grid": [0, 3], "explore": 0.0}, sampling={"max_tokens": 16}
     )
     favour = {d: 3 if d in ("code", "qa") else 0 for d in DOMAINS}
-    fabricated_tuning(OutDir(tmp_path / "out").tuning, favour)
+    fabricated_tuning(job, OutDir(tmp_path / "out").tuning, favour)
     result = run_cli("run", str(job), "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
@@ -78,7 +80,7 @@ def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path)
         tmp_path, 4, speculative={"k_grid": [0, 3, 5], "explore": 1.0}, sampling={"max_tokens": 16}
     )
     path = OutDir(tmp_path / "out").tuning
-    fabricated_tuning(path, {d: 3 for d in DOMAINS})  # measured at K=0 and 3 only
+    fabricated_tuning(job, path, {d: 3 for d in DOMAINS})  # measured at K=0 and 3 only
     data = json.loads(path.read_text())
     data["k_grid"] = [0, 3, 5]
     data["engine_build_s"] = 0.01  # so cheap that even these 24 rows are worth a probe

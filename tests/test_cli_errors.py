@@ -49,6 +49,14 @@ def test_missing_spec_file(tmp_path: Path) -> None:
             ["model.model", "/no/such/model", "does not exist"],
         ),
         ({"model": {"model": "builtin:gpt-17"}}, ["model.model", "unknown embedded model"]),
+        (
+            {"model": {"engine_kwargs": {"disable_log_stats": True}}},
+            ["model.engine_kwargs", "'disable_log_stats' is set by batchspec"],
+        ),
+        (
+            {"speculative": {"method": "ngram", "extra": {"num_speculative_tokens": 9}}},
+            ["speculative.extra", "use speculative.num_speculative_tokens"],
+        ),
     ],
 )
 def test_spec_errors(job_file, sections, needles) -> None:

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from batchspec.speculation.estimator import Controller, DomainModel, Observation, expected_tokens
+from batchspec.speculation.controller import Controller
+from batchspec.speculation.estimator import DomainModel, Observation, expected_tokens
 
 
 def draw_histogram(alpha: float, k: int, steps: int, rng: random.Random) -> list[int]:

@@ -70,3 +70,33 @@ def test_live_holder_elsewhere_is_respected(tmp_path: Path) -> None:
     data = json.loads(path.read_text()) | {"host": "other-node", "pid": 1}
     path.write_text(json.dumps(data))
     assert not Leases(OutDir(tmp_path), "b", 3600, 60).try_claim("u1")
+
+
+def test_holder_that_cannot_be_inspected_counts_as_alive(monkeypatch) -> None:
+    import psutil
+
+    from batchspec.work import leases
+
+    other = leases.Holder("w", leases.socket.gethostname(), 424242, 1.0)
+
+    def denied(pid: int) -> None:
+        raise psutil.AccessDenied(pid)
+
+    monkeypatch.setattr(leases.psutil, "Process", denied)
+    assert not other.is_dead_here()  # AccessDenied: alive, the heartbeat timeout decides
+
+    def hidden(pid: int) -> None:  # /proc mounted with hidepid: the process seems gone
+        raise psutil.NoSuchProcess(pid)
+
+    def kill(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(leases.psutil, "Process", hidden)
+    monkeypatch.setattr(leases.os, "kill", kill)
+    assert not other.is_dead_here()  # the kernel says it exists (another user's)
+
+    def gone(pid: int, sig: int) -> None:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(leases.os, "kill", gone)
+    assert other.is_dead_here()

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchspec.errors import UserError
-from batchspec.io.inputs import read_unit_table
 from batchspec.io.planner import plan_units
+from batchspec.io.reader import read_unit_table
 
 
 def make_input(path: Path, n: int, domains: list[str | None], row_group_size: int = 7) -> Path:

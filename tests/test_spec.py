@@ -174,6 +174,7 @@ CHANGES: dict[str, list[str]] = {
     "execution.lease_timeout_s": ["execution.lease_timeout_s=100"],
     "execution.heartbeat_s": ["execution.heartbeat_s=1"],
     "execution.max_unit_attempts": ["execution.max_unit_attempts=5"],
+    "execution.engine_stall_s": ["execution.engine_stall_s=60"],
     "execution.linger_s": ["execution.linger_s=0"],
     "execution.shutdown_grace_s": ["execution.shutdown_grace_s=1"],
     "name": ["name=other"],

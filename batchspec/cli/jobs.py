@@ -160,15 +160,20 @@ def report(out_dir: str) -> None:
 @click.option(
     "--sample",
     type=click.IntRange(min=1),
-    default=24,
+    default=16,
     show_default=True,
-    help="Rows per domain measured at each K.",
+    help="Rows per domain measured at each K and batch size; at least the batch size (a "
+    "full batch; a domain with fewer rows repeats them).",
 )
 @click.option("--batch", "batches", help="Comma list of max_num_seqs to sweep (default: job's).")
 @set_option
 @user_errors
 def tune(
-    job: str, output: str | None, sample: int, batches: str | None, overrides: tuple[str, ...]
+    job: str,
+    output: str | None,
+    sample: int,
+    batches: str | None,
+    overrides: tuple[str, ...],
 ) -> None:
     """Measure tokens/s and acceptance per domain for every K of the grid; write tuning.json."""
     from batchspec.io.layout import OutDir
@@ -180,9 +185,10 @@ def tune(
     except ValueError:
         raise UserError(f"--batch {batches!r}: expected a comma list of integers") from None
     path = OutDir(spec.output_dir).tuning
+    rows = ", ".join(f"{max(sample, b)} at batch {b}" for b in sizes)
     click.echo(
-        f"tuning {spec.speculative.method} K in {spec.speculative.k_grid} at batch "
-        f"{sizes}, {sample} rows per domain"
+        f"tuning {spec.speculative.method} K in {spec.speculative.k_grid}; rows per domain "
+        f"and K: {rows}"
     )
     run_tune(spec, sample, sizes, path, echo=click.echo)
     click.echo(f"tuning file: {path} (batchspec run on this output directory uses it)")

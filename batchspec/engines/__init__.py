@@ -12,8 +12,9 @@ from batchspec.spec import JobSpec
 __all__ = ["Engine", "EngineFailure", "UnitSource", "open_engine"]
 
 
-def open_engine(spec: JobSpec, k: int) -> Engine:
-    """Start the engine that serves ``spec`` with K speculative tokens (0: none)."""
+def open_engine(spec: JobSpec, k: int, logprobs: int | None = None) -> Engine:
+    """Start the engine that serves ``spec`` with K speculative tokens (0: none); with
+    ``logprobs``, its results carry the target's top log-probabilities per position."""
     from batchspec.engines.vllm_engine import VllmEngine
 
-    return VllmEngine(spec, k)
+    return VllmEngine(spec, k, logprobs)

@@ -79,12 +79,16 @@ def engine_kwargs(spec: JobSpec, k: int) -> dict[str, Any]:
             kwargs["kv_cache_memory_bytes"] = kv_bytes
     if cfg is not None:
         kwargs["speculative_config"] = cfg
-        kwargs["per_request_spec_decode_metrics"] = "summary"
+        # "detailed": each verify step's drafted and accepted counts, so that a short draft
+        # accepted in full is not counted as a rejection (speculation.estimator.rejected_steps).
+        kwargs["per_request_spec_decode_metrics"] = "detailed"
     kwargs.update(m.engine_kwargs)
     return kwargs
 
 
-def sampling_params(spec: JobSpec, seed: int | None = None) -> Any:
+def sampling_params(spec: JobSpec, seed: int | None = None, logprobs: int | None = None) -> Any:
+    """The job's ``SamplingParams``; ``logprobs``: also the target's top log-probabilities at
+    every generated position (``batchspec verify`` reads near-ties from them)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -96,6 +100,7 @@ def sampling_params(spec: JobSpec, seed: int | None = None) -> Any:
         max_tokens=s.max_tokens,
         stop=list(s.stop) or None,
         seed=seed,
+        logprobs=logprobs,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,30 +18,16 @@ from typing import Any
 
 import psutil
 
+from batchspec.engines import faults
 from batchspec.engines.base import EngineFailure, UnitSource
+from batchspec.engines.planted import maybe_plant_bias
+from batchspec.engines.procs import kill_tree, new_children, stop_signals_blocked
 from batchspec.engines.vllm_args import engine_kwargs, sampling_params, speculative_config
 from batchspec.spec import JobSpec
 from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult
 
-# Fault injection for tests, off unless set: BATCHSPEC_INJECT_ENGINE_CRASH=STEP[:COUNT] kills
-# the engine's processes (SIGKILL) at its STEP-th step, for the first COUNT engines this
-# process builds (default 1), exactly as an out-of-memory kill or a driver fault would.
-INJECT_ENV = "BATCHSPEC_INJECT_ENGINE_CRASH"
-_injected = 0
-
-
-def _maybe_inject_crash(step: int) -> None:
-    global _injected
-    raw = os.environ.get(INJECT_ENV)
-    if not raw:
-        return
-    at, _, count = raw.partition(":")
-    if step != int(at) or _injected >= int(count or 1):
-        return
-    _injected += 1
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.send_signal(signal.SIGKILL)
+CLOSE_S = 0.5
+"""Seconds vLLM waits for the engine's processes to exit before it kills them."""
 
 
 def _row_result(req: RowRequest, out: Any) -> RowResult:
@@ -66,7 +50,16 @@ def _row_result(req: RowRequest, out: Any) -> RowResult:
         finish_reason=str(comp.finish_reason) if comp.finish_reason is not None else None,
         spec=sdm.to_dict() if sdm is not None else None,
         timing=timing,
+        token_ids=list(comp.token_ids),
+        top_logprobs=_top_logprobs(comp.logprobs),
     )
+
+
+def _top_logprobs(logprobs: Any) -> list[dict[int, float]] | None:
+    """vLLM's per-position ``{token: Logprob}`` as plain ``{token: logprob}`` (None unasked)."""
+    if logprobs is None:
+        return None
+    return [{t: lp.logprob for t, lp in pos.items()} for pos in logprobs]
 
 
 @dataclass
@@ -128,18 +121,25 @@ class VllmEngine:
     scheduler keeps an engine while the plan gives it units, to build as few as possible.
     """
 
-    def __init__(self, spec: JobSpec, k: int):
+    def __init__(self, spec: JobSpec, k: int, logprobs: int | None = None):
         from vllm import LLM
 
         self.spec = spec
         self.k = k
         self.method = "none" if speculative_config(spec, k) is None else spec.speculative.method
+        maybe_plant_bias()
         started = time.perf_counter()
-        before = {p.pid for p in psutil.Process().children()}
-        self.llm = LLM(**engine_kwargs(spec, k))
+        with stop_signals_blocked():
+            before = {p.pid for p in psutil.Process().children()}
+            self.llm = LLM(**engine_kwargs(spec, k))
         self.build_s = time.perf_counter() - started
         self.engine = self.llm.llm_engine
-        self._procs = [p for p in psutil.Process().children() if p.pid not in before]
+        self.procs = new_children(before)
+        """The engine's processes (none when vLLM runs in this process)."""
+        self.stall_s = spec.execution.engine_stall_s
+        self._step_since: float | None = None
+        self._stalled = False
+        self._poisoned = False
         self._watchdog_stop = threading.Event()
         threading.Thread(target=self._watchdog, name="engine-watchdog", daemon=True).start()
         self.max_model_len: int = self.engine.model_config.max_model_len
@@ -149,7 +149,8 @@ class VllmEngine:
         self.low_water = spec.model.max_num_seqs
         self._next_id = 0
         self._steps = 0
-        self._params = sampling_params(spec)
+        self.logprobs = logprobs
+        self._params = sampling_params(spec, logprobs=logprobs)
 
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
         """``base.Engine.run``: units are pulled whenever fewer than ``low_water`` requests
@@ -168,22 +169,36 @@ class VllmEngine:
                         return
                     source.wait()
                     continue
-                self._steps += 1
-                _maybe_inject_crash(self._steps)
-                try:
-                    outputs = self.engine.step()
-                except Exception as exc:
-                    raise EngineFailure(f"engine step failed: {exc!r}") from exc
-                batch.collect(outputs)
+                batch.collect(self._step())
         finally:
             # Stopped early (abort, failure, consumer gone): drop what is still running.
             if batch.inflight and self.alive():
                 with contextlib.suppress(Exception):
                     self.engine.abort_request(list(batch.inflight))
 
+    def _step(self) -> list[Any]:
+        """One engine step, timed for the stall watchdog."""
+        self._steps += 1
+        faults.maybe_inject(self._steps, self.procs, self._poisoned)
+        self._step_since = time.monotonic()
+        try:
+            return self.engine.step()
+        except Exception as exc:
+            if self._stalled:
+                raise EngineFailure(
+                    f"engine stalled: no output for {self.stall_s:g} s "
+                    "(execution.engine_stall_s); killed"
+                ) from exc
+            raise EngineFailure(f"engine step failed: {exc!r}") from exc
+        finally:
+            self._step_since = None
+
     def submit(self, request_id: str, req: RowRequest) -> None:
         """Hand one row to vLLM; raises what vLLM raises when it rejects the row."""
-        params = self._params if req.seed is None else sampling_params(self.spec, req.seed)
+        self._poisoned = self._poisoned or faults.is_poison(req.row_id)
+        params = self._params
+        if req.seed is not None:
+            params = sampling_params(self.spec, req.seed, self.logprobs)
         self.engine.add_request(request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
 
     def next_request_id(self) -> int:
@@ -194,7 +209,7 @@ class VllmEngine:
         resources = getattr(getattr(self.engine, "engine_core", None), "resources", None)
         if getattr(resources, "engine_dead", False):
             return False
-        for proc in self._procs:
+        for proc in self.procs:
             try:
                 if proc.status() == psutil.STATUS_ZOMBIE:
                     return False
@@ -203,15 +218,22 @@ class VllmEngine:
         return True
 
     def _watchdog(self) -> None:
-        """Wake a ``step()`` blocked on a dead engine.
+        """Kill an engine that stalls, and wake a ``step()`` blocked on a dead engine.
 
-        vLLM 0.32's client notices a dead engine-core process but leaves a caller blocked in
-        ``get_output`` waiting forever; putting the error into the output queue is how vLLM
-        itself forwards errors to that caller.
+        A step that gives no output for ``engine_stall_s`` (a wedged driver or collective
+        call) kills the engine's processes: the worker then retries its units as after a
+        crash. vLLM 0.32's client notices a dead engine-core process but leaves a caller
+        blocked in ``get_output`` waiting forever; putting the error into the output queue
+        is how vLLM itself forwards errors to that caller. An engine running inside this
+        process (no child processes) cannot be killed: its stalls go unnoticed.
         """
         from vllm.v1.engine.exceptions import EngineDeadError
 
         while not self._watchdog_stop.wait(0.5):
+            since = self._step_since
+            if self.procs and since is not None and time.monotonic() - since > self.stall_s:
+                self._stalled = True
+                kill_tree(self.procs)
             if not self.alive():
                 queue = getattr(self.engine.engine_core, "outputs_queue", None)
                 if queue is not None:
@@ -219,11 +241,15 @@ class VllmEngine:
                 return
 
     def close(self) -> None:
-        """Stop the engine's processes and free its memory before another engine starts."""
+        """Stop the engine's processes and free its memory before another engine starts.
+
+        Its processes ignore SIGTERM (``engines.procs``), so vLLM's shutdown would wait out
+        its grace period before killing them: a short one instead, as nothing is in flight.
+        """
         self._watchdog_stop.set()
         engine_core = getattr(self.engine, "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):
             with contextlib.suppress(Exception):  # a dead engine may fail its shutdown
-                engine_core.shutdown()
+                engine_core.shutdown(timeout=CLOSE_S)
         del self.llm, self.engine
         gc.collect()

@@ -13,8 +13,10 @@ from typing import Any
 import pyarrow as pa
 
 from batchspec.errors import UserError
+from batchspec.io.ids import check_ids
 from batchspec.io.inputs import check_columns
 from batchspec.io.planner import plan_units
+from batchspec.io.reader import UnitReader
 from batchspec.io.writer import RESERVED
 from batchspec.models import load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
@@ -40,6 +42,8 @@ class Preflight:
     tokenizer_dir: Path
     """The target's tokenizer: ``model.tokenizer``, else the target's own."""
     draft_dir: Path | None
+    reader: UnitReader
+    """Reads the planned units' rows; ``run`` stages the input through it (``stage``)."""
 
     @property
     def num_rows(self) -> int:
@@ -77,7 +81,7 @@ def compare_tokenizers(target: Any, draft: Any) -> str | None:
 
 
 def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
-    """Check spec, input files, columns, models and draft tokenizer; plan the units."""
+    """Check spec, input files, columns, ids, models and draft tokenizer; plan the units."""
     inp = spec.input
     files = spec.input_files()
     types = check_columns(files, inp)
@@ -109,4 +113,6 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
     units = plan_units(files, spec.output.unit_rows, inp.domain_column, limit)
     if not units:
         raise UserError(f"input.path: {inp.path} holds no rows")
-    return Preflight(files, types, units, target, tok_dir, draft)
+    check_ids(files, inp.id_column, limit)
+    reader = UnitReader(inp, spec.output.unit_rows, units)
+    return Preflight(files, types, units, target, tok_dir, draft, reader)

@@ -8,26 +8,29 @@ is needed for the length check and for the output's num_prompt_tokens anyway.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import UserError
+from batchspec.io.reader import UnitReader, required_columns
 from batchspec.spec import InputSpec
 from batchspec.units import RowRequest, UnitRequests, WorkUnit
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
-def required_columns(spec: InputSpec) -> list[str]:
-    cols = [spec.id_column, spec.prompt_column or spec.messages_column]
-    if spec.domain_column:
-        cols.append(spec.domain_column)
-    cols.extend(spec.passthrough_columns)
-    return [c for c in dict.fromkeys(cols) if c is not None]
+def row_seed(seed: int, file_index: int, row: int) -> int:
+    """A row's sampling seed: a 63-bit hash of (seed, file, row).
+
+    A hash, not ``seed + row``: with a sum, seed s row i+1 would sample exactly like seed s+1
+    row i, so two runs with neighbouring seeds would share all but one of their samples.
+    """
+    digest = hashlib.blake2b(f"{seed}:{file_index}:{row}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def check_columns(files: list[Path], spec: InputSpec) -> dict[str, pa.DataType]:
@@ -72,34 +75,6 @@ def _field_of(spec: InputSpec, col: str) -> str:
     return "input.passthrough_columns entry"
 
 
-def read_unit_table(unit: WorkUnit, columns: list[str], domain_column: str | None) -> pa.Table:
-    """The unit's rows (its range, its domain) with a ``__row`` column of file row numbers."""
-    pf = pq.ParquetFile(unit.path)
-    meta = pf.metadata
-    groups, first_row, offset = [], None, 0
-    for g in range(meta.num_row_groups):
-        n = meta.row_group(g).num_rows
-        if offset + n > unit.start and offset < unit.stop:
-            groups.append(g)
-            if first_row is None:
-                first_row = offset
-        offset += n
-    table = pf.read_row_groups(groups, columns=columns)
-    table = table.slice(unit.start - (first_row or 0), unit.stop - unit.start)
-    table = table.append_column("__row", pa.array(range(unit.start, unit.stop), pa.int64()))
-    if domain_column is not None:
-        dom = table.column(domain_column)
-        if not pa.types.is_string(dom.type):
-            dom = pc.cast(dom, pa.string())
-        mask = (
-            pc.is_null(dom)
-            if unit.domain is None
-            else pc.fill_null(pc.equal(dom, unit.domain), False)
-        )
-        table = table.filter(mask)
-    return table
-
-
 def _messages_error(messages: Any) -> str | None:
     if not isinstance(messages, list) or not messages:
         return "messages is not a non-empty list"
@@ -121,11 +96,20 @@ def _messages_error(messages: Any) -> str | None:
 class PromptBuilder:
     """Turns a unit's rows into token ids with the target's tokenizer and chat template."""
 
-    def __init__(self, spec: InputSpec, tokenizer: Any, max_model_len: int, seed: int | None):
+    def __init__(
+        self,
+        spec: InputSpec,
+        tokenizer: Any,
+        max_model_len: int,
+        seed: int | None,
+        reader: UnitReader | None = None,
+    ):
         self.spec = spec
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.seed = seed
+        self.reader = reader or UnitReader(spec)
+        """Where units' rows come from: a run passes one that reads staged copies."""
         self.columns = required_columns(spec)
 
     def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -156,7 +140,7 @@ class PromptBuilder:
     def build(self, unit: WorkUnit, positions: list[int] | None = None) -> UnitRequests:
         """The unit's rows as requests; with ``positions``, only the rows at those positions."""
         spec = self.spec
-        table = read_unit_table(unit, self.columns, spec.domain_column)
+        table = self.reader.read(unit)
         prompt_col = spec.prompt_column or spec.messages_column
         data = {name: table.column(name).to_pylist() for name in [*self.columns, "__row"]}
         out = UnitRequests(unit)
@@ -170,9 +154,7 @@ class PromptBuilder:
             if ids is not None and len(ids) > self.max_model_len:
                 error = f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}"
                 ids = None
-            seed = None
-            if self.seed is not None:
-                seed = (self.seed + (unit.file_index << 40) + row) % (1 << 63)
+            seed = None if self.seed is None else row_seed(self.seed, unit.file_index, row)
             out.rows.append(
                 RowRequest(
                     row=row,

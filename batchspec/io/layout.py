@@ -14,14 +14,49 @@ for a path rather than joining names of its own::
       stats/          per-unit measurements shared by the workers' K controllers (<worker>.jsonl)
       tuning.json     batchspec tune's measurements
       slurm/          sbatch scripts, submitted job ids (jobs.jsonl), one log per array task
+      staged/         input files with large row groups, copied once into one row group per
+                      unit (<stem>-<key>/s<first row>.parquet) so a unit read costs its rows
+
+Files being written are dot-named temporaries beside their final name (``temp_name``), carrying
+the writer's host and pid, so that one left behind by a kill can be told from one still in use.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import socket
+import uuid
 from pathlib import Path
 
 PART_SUFFIX = ".parquet"
 LEASE_SUFFIX = ".lease"
+TEMP_SUFFIX = ".tmp"
+
+
+def host_tag() -> str:
+    """This host's name as it appears in temporary names (no dots: names split on them)."""
+    return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+
+
+def temp_name(final: Path) -> Path:
+    """A fresh temporary beside ``final``: ``.<name>.<host>.<pid>.<random>.tmp``."""
+    token = f"{host_tag()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+    return final.parent / f".{final.name}.{token}{TEMP_SUFFIX}"
+
+
+def temp_owner(path: Path) -> tuple[str, int] | None:
+    """(host, pid) of the process that made a temporary named by ``temp_name``."""
+    if not (path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX)):
+        return None
+    parts = path.name[: -len(TEMP_SUFFIX)].rsplit(".", 3)
+    if len(parts) != 4 or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
+
+
+def on_this_host(host: str) -> bool:
+    return host == host_tag()
 
 
 class OutDir:
@@ -54,6 +89,10 @@ class OutDir:
 
     def part(self, unit_id: str) -> Path:
         return self.parts / f"{unit_id}{PART_SUFFIX}"
+
+    def commit_lock(self, unit_id: str) -> Path:
+        """Serializes commits of a unit where the filesystem has no hard links."""
+        return self.parts / f".{unit_id}{PART_SUFFIX}.commit"
 
     @property
     def leases(self) -> Path:
@@ -102,6 +141,21 @@ class OutDir:
     @property
     def slurm_jobs(self) -> Path:
         return self.slurm / "jobs.jsonl"
+
+    @property
+    def staged(self) -> Path:
+        return self.root / "staged"
+
+    def staged_copy(self, name: str) -> Path:
+        """A staged input file: a directory of shards, complete once it exists."""
+        return self.staged / name
+
+    def staging_lock(self, name: str) -> Path:
+        return self.staged / f"{name}.lock"
+
+    def temp_dirs(self) -> list[Path]:
+        """Where writers leave temporaries: the root (manifest), parts/ and staged/."""
+        return [self.root, self.parts, self.staged]
 
     # -- what is committed --------------------------------------------------------------------
 

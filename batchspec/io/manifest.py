@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import pyarrow.parquet as pq
 
 from batchspec import __version__
 from batchspec.errors import UserError
-from batchspec.io.layout import OutDir
+from batchspec.io.layout import OutDir, temp_name
+from batchspec.io.temps import fsync_dir, write_synced
 from batchspec.spec import JobSpec
 from batchspec.units import WorkUnit
 
@@ -81,10 +81,12 @@ def claim_output_dir(out: OutDir, manifest: Manifest) -> Manifest:
     """Bind ``out`` to this run, or check that it already is; returns the manifest in force."""
     out.root.mkdir(parents=True, exist_ok=True)
     path = out.manifest
-    tmp = out.root / f".{path.name}.{uuid.uuid4().hex[:8]}"
-    tmp.write_text(json.dumps(asdict(manifest), indent=2) + "\n")
+    tmp = temp_name(path)
+    # Synced before it is linked into place: a crash never leaves a manifest with no content.
+    write_synced(tmp, (json.dumps(asdict(manifest), indent=2) + "\n").encode())
     try:
         os.link(tmp, path)  # atomic: concurrent first runs agree on one manifest
+        fsync_dir(out.root)
     except FileExistsError:
         pass
     finally:

@@ -3,6 +3,8 @@
 A part is written under a temporary name, fsynced, then linked to its final name; the link
 fails if the final name exists, so the first committer of a unit wins and a late duplicate is
 discarded. A reader therefore never sees a half-written part, and no unit is counted twice.
+Where the filesystem has no hard links, a commit lock beside the part makes "is it there yet?
+then rename" one step, so two committers still cannot both win.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchspec.io.layout import OutDir
+from batchspec.io.layout import OutDir, temp_name
+from batchspec.io.temps import FileLock, fsync_dir
 from batchspec.units import RowResult, UnitResult
 
 # Columns every output has after id, domain and the pass-through columns (README: Output schema).
@@ -45,6 +48,8 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("unit_id", pa.string()),
 ]
 RESERVED = {"id", "domain", *(f.name for f in RESULT_FIELDS)}
+COMMIT_LOCK_STALE_S = 60.0
+"""A commit lock (no-hard-link filesystems only) is held for one rename: older is abandoned."""
 
 
 def output_schema(id_type: pa.DataType, passthrough: dict[str, pa.DataType]) -> pa.Schema:
@@ -116,14 +121,6 @@ def unit_table(result: UnitResult, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_synced(path: Path, table: pa.Table) -> None:
     """Write a part's bytes and fsync them, so a rename can never expose a torn file."""
     with open(path, "wb") as fh:
@@ -171,7 +168,7 @@ class PartWriter:
         return Commit.REPLACED, table
 
     def _tmp(self, unit_id: str) -> Path:
-        return self.out.parts / f".{unit_id}.{uuid.uuid4().hex[:12]}.tmp"
+        return temp_name(self.out.part(unit_id))
 
     def _link_new(self, unit_id: str, table: pa.Table) -> bool:
         """Write a unit's part atomically; False when another committer got there first."""
@@ -187,10 +184,9 @@ class PartWriter:
             except OSError as exc:  # a filesystem without hard links
                 if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
                     raise
-                if final.exists():
+                if not _rename_if_absent(tmp, final, self.out.commit_lock(unit_id)):
                     return False
-                os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
             return True
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -207,10 +203,27 @@ class PartWriter:
         try:
             _write_synced(tmp, table)
             os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+
+
+def _rename_if_absent(tmp: Path, final: Path, lock_path: Path) -> bool:
+    """Rename ``tmp`` to ``final`` unless ``final`` exists, as one step among committers: under
+    a lock file (O_EXCL), taken over only from a dead holder; False when ``final`` was there."""
+    lock = FileLock(lock_path, COMMIT_LOCK_STALE_S)
+    while not lock.try_acquire():
+        if final.exists():
+            return False
+        time.sleep(0.01)
+    try:
+        if final.exists():
+            return False
+        os.replace(tmp, final)
+        return True
+    finally:
+        lock.release()
 
 
 def part_error_positions(out: OutDir, unit_id: str) -> list[int]:

@@ -1,4 +1,4 @@
-"""The K controller: per domain, measure acceptance and cost, pick the K with the most tokens/s.
+"""The K controller's model and measurements: acceptance and cost per domain and K.
 
 Model. Drafts are accepted token by token with probability α (per domain) until the first
 rejection, so a verify step with K drafts yields E(K) = (1 − α^(K+1)) / (1 − α) tokens. With
@@ -7,24 +7,26 @@ c·E(K) + (1 − c). A row decodes at rate = tokens per step / step time, and th
 with K (more tokens to verify, a draft model's own passes) at a rate that depends on the batch
 size: this is what makes speculation pay at small batches and lose at large ones.
 
-Measurements. Each committed unit contributes its rows' acceptance histograms (α and c, pooled
-per domain) and their running time (the rate at which its rows decoded at that K). A step time
+Measurements. Each committed unit contributes its rows' acceptance (α and c, pooled per
+domain; ``rejected_steps``), their running time (the rate at which its rows decoded at that
+K) and how much the rows' own rates vary (the measurement's noise). A step time
 per K follows from any domain measured at that K (tokens per step / rate), pooled across
 domains, so a K measured on one domain informs every other. ``batchspec tune`` measures every
 K of the grid on a sample of every domain; during a run, workers append their units to
 ``stats/<worker>.jsonl`` in the output directory and read each other's, so the estimates keep
-improving with the run (``shared``). Each domain's best K maximizes its predicted rate; a K
-is only ever chosen from measured step times (interpolated between measured K, never assumed).
-Since vLLM fixes K per engine, ``policy.KPolicy`` then weighs the domains' best K against
-engine starts over the whole remaining work.
+improving with the run (``shared``). ``controller.Controller`` picks each domain's best K
+from these (only ever from measured step times, interpolated between measured K, never
+assumed); since vLLM fixes K per engine, ``policy.KPolicy`` then weighs the domains' best K
+against engine starts over the remaining work.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from batchspec.units import RowResult, UnitResult
 
@@ -39,6 +41,45 @@ def expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def rejected_steps(spec: dict[str, Any]) -> int:
+    """Verify steps of a row that rejected a draft token: the geometric model's failures.
+
+    A step fails when it accepted fewer tokens than it drafted. Drafts are shorter than K at
+    times (n-gram near the end of the context, suffix decoding), and a short draft accepted in
+    full lands below the histogram's top bucket without any rejection: counting every step
+    below the top as a failure biases α low. vLLM's ``detailed`` metrics list each step's
+    drafted and accepted tokens, which is exact. From the summary alone: a failed step left at
+    least one drafted token unaccepted, so failures are at most drafted − accepted, and at most
+    the steps below the top bucket; the smaller bound is exact when every draft had K tokens
+    or no draft was rejected.
+    """
+    drafted = spec.get("per_step_drafted")
+    accepted = spec.get("per_step_accepted")
+    if drafted is not None and accepted is not None:
+        return sum(a < d for a, d in zip(accepted, drafted, strict=True))
+    unaccepted = spec["num_draft_tokens"] - spec["num_accepted_draft_tokens"]
+    return max(0, min(unaccepted, sum(spec["acceptance_histogram"][:-1])))
+
+
+def tokens_per_step(alpha: np.ndarray, coverage: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``DomainModel.tokens_per_step`` elementwise (broadcast): many domains and K at once.
+    α is a posterior mean, always below 1, and K = 0 gives 1 token per step."""
+    expected = (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    return coverage * expected + (1.0 - coverage)
+
+
+def rate_noise(rate: Any, rated: Any, rate_sum: Any, rate_sq: Any) -> np.ndarray:
+    """Standard error of measured rates (elementwise): the relative standard error of the
+    mean of the rows' own rates, applied to the rate. Rows differ (prompt, length,
+    acceptance), so another sample of rows would measure differently by about this much.
+    NaN with fewer than two rows."""
+    rated = np.asarray(rated, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = rate_sum / rated
+        var = np.maximum(rate_sq - rated * mean**2, 0.0) / (rated - 1)
+        return np.where((rated >= 2) & (mean > 0), rate * np.sqrt(var / rated) / mean, np.nan)
 
 
 @dataclass
@@ -58,6 +99,24 @@ class Observation:
     spec_steps: int = 0
     decode_steps: int = 0
     """All steps after the first token: output tokens − 1 − accepted, per row."""
+    rated: int = 0
+    """Rows with a decode rate (tokens / running time); ``rate_sum``, ``rate_sq``: the sum of
+    those rates and of their squares, for the measurement's noise (``rate_noise``)."""
+    rate_sum: float = 0.0
+    rate_sq: float = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        """Measured decode rate of a row, tokens/s: all tokens over all running time."""
+        return self.output_tokens / self.running_s if self.running_s > 0 else None
+
+    @property
+    def rate_noise(self) -> float | None:
+        """Standard error of ``rate`` (``rate_noise``); None with fewer than two rows."""
+        if self.rate is None:
+            return None
+        noise = float(rate_noise(self.rate, self.rated, self.rate_sum, self.rate_sq))
+        return None if math.isnan(noise) else noise
 
     @classmethod
     def from_result(cls, result: UnitResult, batch: int) -> Observation:
@@ -76,12 +135,15 @@ class Observation:
         self.output_tokens += tokens
         if r.running_s is not None:
             self.running_s += r.running_s
+        if r.running_s:
+            self.rated += 1
+            self.rate_sum += tokens / r.running_s
+            self.rate_sq += (tokens / r.running_s) ** 2
         # Metrics of an engine without speculation (K=0) are not acceptance measurements.
         spec = r.spec if self.k > 0 else None
         accepted = spec["num_accepted_draft_tokens"] if spec else 0
-        hist = spec["acceptance_histogram"] if spec else []
         self.accepted += accepted
-        self.rejections += sum(hist[:-1]) if hist else 0
+        self.rejections += rejected_steps(spec) if spec else 0
         self.spec_steps += spec["num_spec_steps"] if spec else 0
         self.decode_steps += max(tokens - 1 - accepted, 0)
 
@@ -94,6 +156,9 @@ class Observation:
             "rejections",
             "spec_steps",
             "decode_steps",
+            "rated",
+            "rate_sum",
+            "rate_sq",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -141,107 +206,3 @@ class Choice:
     alpha_std: float | None
     rates: dict[int, float] = field(default_factory=dict)
     """Predicted (or measured) decode rate per row, tokens/s, per K considered."""
-
-
-class Controller:
-    """Chooses K per domain from observations at one batch size."""
-
-    def __init__(
-        self, batch: int, k_grid: Iterable[int], default_k: int, fixed: dict[str, int] | None = None
-    ):
-        self.batch = batch
-        self.k_grid = sorted(set(k_grid))
-        self.default_k = default_k
-        self.fixed = dict(fixed or {})
-        """Per-domain K set by the user (speculative.per_domain): never changed."""
-        self.obs: dict[tuple[str | None, int], Observation] = {}
-
-    # -- input ---------------------------------------------------------------------------
-
-    def add(self, ob: Observation) -> None:
-        if ob.batch != self.batch or ob.rows == 0:
-            return  # another batch size has other step costs
-        key = (ob.domain, ob.k)
-        if key not in self.obs:
-            self.obs[key] = Observation(ob.domain, ob.k, ob.batch)
-        self.obs[key].merge(ob)
-
-    # -- estimates -----------------------------------------------------------------------
-
-    def domain_model(self, domain: str | None) -> DomainModel:
-        m = DomainModel()
-        for (d, k), ob in self.obs.items():
-            if d == domain and k > 0:
-                m.accepted += ob.accepted
-                m.rejections += ob.rejections
-                m.spec_steps += ob.spec_steps
-                m.decode_steps += ob.decode_steps
-        return m
-
-    def measured_rate(self, domain: str | None, k: int) -> float | None:
-        ob = self.obs.get((domain, k))
-        if ob is None or ob.running_s <= 0 or ob.output_tokens < MIN_RATE_TOKENS:
-            return None
-        return ob.output_tokens / ob.running_s
-
-    def step_times(self) -> dict[int, float]:
-        """Seconds per step at each measured K, pooled over domains (token-weighted)."""
-        num: dict[int, float] = {}
-        den: dict[int, float] = {}
-        models = {d: self.domain_model(d) for d, _ in self.obs}
-        for (d, k), ob in self.obs.items():
-            if ob.running_s <= 0 or ob.output_tokens == 0:
-                continue
-            rate = ob.output_tokens / ob.running_s
-            step = models[d].tokens_per_step(k) / rate
-            num[k] = num.get(k, 0.0) + step * ob.output_tokens
-            den[k] = den.get(k, 0.0) + ob.output_tokens
-        return {k: num[k] / den[k] for k in sorted(num)}
-
-    def _step_time(self, k: int, measured: dict[int, float]) -> float | None:
-        """Measured, or interpolated linearly between the nearest measured K on both sides."""
-        if k in measured:
-            return measured[k]
-        below = [x for x in measured if x < k]
-        above = [x for x in measured if x > k]
-        if not below or not above:
-            return None
-        lo, hi = max(below), min(above)
-        return measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo)
-
-    def choose(self, domain: str | None) -> Choice:
-        if domain is not None and domain in self.fixed:
-            return Choice(domain, self.fixed[domain], None, None)
-        model = self.domain_model(domain)
-        steps = self.step_times()
-        predicted: dict[int, float] = {}
-        measured: dict[int, float] = {}
-        for k in self.k_grid:
-            step = self._step_time(k, steps)
-            if step is not None:
-                predicted[k] = model.tokens_per_step(k) / step
-            rate = self.measured_rate(domain, k)
-            if rate is not None:
-                measured[k] = rate
-        # Step times are pooled over domains, but a domain with long prompts steps slower at
-        # every K, and its extra cost per draft differs too: the domain's own rates win where
-        # it has them, and scale the model's level for the K it lacks.
-        both = [k for k in measured if k in predicted]
-        scale = sum(measured[k] for k in both) / sum(predicted[k] for k in both) if both else 1.0
-        rates = dict(sorted(({k: r * scale for k, r in predicted.items()} | measured).items()))
-        has_acceptance = model.accepted + model.rejections > 0
-        if not rates or (not has_acceptance and not any(k == 0 for k in rates)):
-            k = self.default_k
-        else:
-            k = max(rates, key=lambda x: (rates[x], -x))  # ties: the smaller K
-        alpha = model.alpha if has_acceptance else None
-        return Choice(domain, k, alpha, model.alpha_std if has_acceptance else None, rates)
-
-    def rate(self, domain: str | None, k: int) -> float | None:
-        return self.choose(domain).rates.get(k)
-
-    # -- persistence ---------------------------------------------------------------------
-
-    def load_observations(self, items: Iterable[dict[str, Any]]) -> None:
-        for item in items:
-            self.add(Observation(**item))

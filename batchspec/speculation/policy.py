@@ -4,19 +4,34 @@ vLLM fixes K when an engine is built, so choosing K is choosing engines. ``KPoli
 turns the controller's per-domain predictions into a plan (K per domain) that weighs every
 extra engine against its measured start, and, when much work is left, a probe: one unit at a
 K nobody measured yet, without which a run that starts at one K would never learn another.
+Each worker weighs these against its own share of the rows left (rows ÷ live workers): with
+N workers, it runs about 1/N of them.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
+import math
+import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
-from batchspec.speculation.estimator import Choice, Controller, Observation
-from batchspec.speculation.shared import SharedStats, read_tuning, tuning_observations
+from batchspec.speculation.controller import Controller
+from batchspec.speculation.estimator import Observation
+from batchspec.speculation.shared import SharedStats, job_tuning, tuning_observations
 
 Domain = str | None
+
+REFRESH_S = 5.0
+"""How often a worker reads the units other workers shared (and at its own next commit)."""
+MAX_PLAN_K = 16
+"""The engine plan is exact over this many K with predictions (2^16 sets); beyond, it keeps
+the K that most domains are fastest at."""
+_PLAN_CELLS = 1 << 22
+"""Sets x domains evaluated at once in the plan (memory: 8 bytes each)."""
 
 
 @dataclass(frozen=True)
@@ -30,8 +45,9 @@ class Decision:
 class KPolicy:
     """K per domain for one worker: the spec's fixed K, or the adaptive controller.
 
-    The controller starts from the tuning file (if it was made for this method), takes every
-    unit this worker commits, and on every decision the units other workers shared.
+    The controller starts from the tuning file (refused if it was made for another model,
+    draft, method, dtype or sampling), takes every unit this worker commits, and now and then
+    the units other workers shared. ``version`` changes whenever a decision could.
     """
 
     def __init__(self, spec: JobSpec, out: OutDir, worker: str):
@@ -46,17 +62,26 @@ class KPolicy:
         """Per domain: units taken, and how many of them ran away from their planned K."""
         self.build_s: float | None = None
         """Seconds to start an engine, as last measured: what a switch of K costs."""
-        tuning = read_tuning(out.tuning) if self.adaptive else None
-        if tuning is not None and tuning.get("method") == s.method:
+        self._read_at = -math.inf
+        tuning = job_tuning(spec, out)
+        if tuning is not None:
             self.ctl.load_observations(tuning_observations(tuning, spec.model.max_num_seqs))
             self.build_s = tuning.get("engine_build_s")
         self.refresh()
 
+    @property
+    def version(self) -> tuple[int, float | None]:
+        """What decisions depend on besides the rows left: observations and the start cost."""
+        return self.ctl.version, self.build_s
+
     def refresh(self) -> None:
-        """Take in the units other workers committed since the last call."""
-        if self.adaptive:
-            for ob in self.shared.read_new():
-                self.ctl.add(ob)
+        """Take in the units other workers committed: at most every ``REFRESH_S`` seconds,
+        and at the first call after this worker committed one."""
+        if not self.adaptive or time.monotonic() - self._read_at < REFRESH_S:
+            return
+        self._read_at = time.monotonic()
+        for ob in self.shared.read_new():
+            self.ctl.add(ob)
 
     def measured_start(self, seconds: float) -> None:
         """An engine just started in this many seconds: what the next switch of K costs."""
@@ -67,106 +92,88 @@ class KPolicy:
         if self.adaptive:
             self.ctl.add(ob)
             self.shared.append(ob)
+            self._read_at = -math.inf
 
-    def decide(self, rows: dict[Domain, int], engine_k: int | None) -> Decision:
-        """The plan and the probe for the rows left, from one pass over the controller."""
+    def decide(self, rows: dict[Domain, int], engine_k: int | None, workers: int = 1) -> Decision:
+        """The plan and the probe for the rows left (``workers`` share them), in one pass."""
         if not self.adaptive:
             return Decision({d: self.spec.speculative.k_for(d) for d in rows}, None)
-        choices = {d: self.ctl.choose(d) for d in rows}
-        per_row = {d: self.tokens_per_row(d) for d in rows}
-        plan = self._plan(rows, engine_k, choices, per_row)
-        return Decision(plan, self._probe(rows, plan, choices, per_row))
+        domains = list(rows)
+        rates, own = self.ctl.table(domains)
+        # Output tokens of this worker's share of each domain's rows (max_tokens per row
+        # until rows were measured), and the seconds they take at each K.
+        tokens = self.ctl.tokens_per_row(domains, self.spec.sampling.max_tokens)
+        tokens *= np.array([rows[d] for d in domains]) / max(workers, 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            seconds = tokens[:, None] / (self.ctl.batch * rates)
+        seconds[~np.isfinite(seconds)] = np.inf
+        plan = self._plan(domains, seconds, own, engine_k)
+        return Decision(plan, self._probe(domains, rows, plan, seconds))
 
     def _plan(
-        self,
-        rows: dict[Domain, int],
-        engine_k: int | None,
-        choices: dict[Domain, Choice],
-        per_row: dict[Domain, float],
+        self, domains: list[Domain], seconds: np.ndarray, own: np.ndarray, engine_k: int | None
     ) -> dict[Domain, int]:
-        """K per domain for the rows left, deciding at once which engines are worth building.
+        """K per domain for this worker's share of the rows left, deciding at once which
+        engines are worth building (``seconds``: predicted time of each domain's share at
+        each K of the grid, inf where unknown).
 
         Every domain at its own best K can need one engine per distinct K, and each engine
-        beyond the one that is up costs a start. So over every set of K from the grid (a few
-        dozen sets), the predicted time of the rows left, each domain at the fastest K of the
-        set, plus the starts of the set's new engines; the cheapest set wins. Domains without
-        predictions keep the controller's choice (the spec's K until measured), and so do
-        domains with a fixed K. Until an engine start has been measured (here or by
-        ``batchspec tune``) every domain gets its own best K: the first engine measures it.
+        beyond the one that is up costs a start. So over every set of K from the grid, the
+        predicted time of the rows left, each domain at the fastest K of the set, plus the
+        starts of the set's new engines; the cheapest set wins (``cheapest_engine_set``).
+        Domains without predictions keep the controller's choice (the spec's K until
+        measured), and so do domains with a fixed K. Until an engine start has been measured
+        (here or by ``batchspec tune``) every domain gets its own best K: the first engine
+        measures it.
         """
-        own = {d: c.k for d, c in choices.items()}
-        if self.build_s is None:
-            return own
-        forced = {d: c.k for d, c in choices.items() if d in self.ctl.fixed or not c.rates}
-        free = {d: c.rates for d, c in choices.items() if d not in forced}
-        if not free:
-            return forced
-        required = set(forced.values())
-        best: tuple[float, dict[Domain, int]] | None = None
+        plan = {d: int(k) for d, k in zip(domains, own, strict=True)}
+        free = np.isfinite(seconds).any(axis=1)
+        if self.build_s is None or not free.any():
+            return plan
         grid = self.ctl.k_grid
-        for n in range(1, len(grid) + 1):
-            for ks in itertools.combinations(grid, n):
-                engines = required | set(ks)
-                new = len(engines - {engine_k}) if engine_k is not None else len(engines) - 1
-                cost = new * self.build_s
-                assign = dict(forced)
-                for d, rates in free.items():
-                    usable = [k for k in ks if k in rates]
-                    if not usable:
-                        break
-                    k = max(usable, key=lambda x, r=rates: (r[x], -x))
-                    assign[d] = k
-                    cost += rows[d] * per_row[d] / (self.ctl.batch * rates[k])
-                else:
-                    if best is None or cost < best[0]:
-                        best = (cost, assign)
-        return own if best is None else best[1]
+        required = {plan[d] for d, f in zip(domains, free, strict=True) if not f}
+        times = seconds[free]
+        cols = cheapest_engine_set(times, grid, required, engine_k, self.build_s)
+        pick = np.argmin(times[:, cols], axis=1)  # ties: the smaller K
+        for d, j in zip([d for d, f in zip(domains, free, strict=True) if f], pick, strict=True):
+            plan[d] = grid[cols[j]]
+        return plan
 
     def _probe(
         self,
+        domains: list[Domain],
         rows: dict[Domain, int],
         plan: dict[Domain, int],
-        choices: dict[Domain, Choice],
-        per_row: dict[Domain, float],
+        seconds: np.ndarray,
     ) -> tuple[Domain, int] | None:
         """A (domain, K) worth one unit on an engine of its own, to measure a K no unit has run.
 
         The plan only weighs K with a measured step time, so a run that starts at one K (no
-        tuning file) would otherwise stay there. When the predicted time of the rows left is
-        large enough that two engine starts (there and back) are at most ``explore`` of it,
-        one unit of the domain with the most rows runs at an unmeasured grid neighbour of its
-        planned K; the measurement then informs every domain's prediction at that K.
+        tuning file) would otherwise stay there. When the predicted time of this worker's
+        share of the rows left is large enough that two engine starts (there and back) are at
+        most ``explore`` of it, one unit of the domain with the most rows runs at an
+        unmeasured grid neighbour of its planned K; the measurement then informs every
+        domain's prediction at that K.
         """
         if self.build_s is None:
             return None
         measured = self.ctl.step_times()
         if not measured:
             return None
-        left = 0.0
-        for d, n in rows.items():
-            rate = choices[d].rates.get(plan[d])
-            if rate:
-                left += n * per_row[d] / (self.ctl.batch * rate)
+        grid = self.ctl.k_grid
+        column = {k: j for j, k in enumerate(grid)}
+        at = [column.get(plan[d], -1) for d in domains]
+        left = sum(seconds[i, j] for i, j in enumerate(at) if j >= 0 and seconds[i, j] < np.inf)
         if 2 * self.build_s > self.spec.speculative.explore * left:
             return None
-        grid = self.ctl.k_grid
         for d in sorted(rows, key=lambda x: -rows[x]):
-            if d in self.ctl.fixed or plan[d] not in grid:
+            if d in self.ctl.fixed or plan[d] not in column:
                 continue
-            i = grid.index(plan[d])
+            i = column[plan[d]]
             for j in (i + 1, i - 1):
                 if 0 <= j < len(grid) and grid[j] not in measured:
                     return d, grid[j]
         return None
-
-    def tokens_per_row(self, domain: Domain) -> float:
-        """Mean output tokens of the domain's rows so far; ``max_tokens`` before any."""
-        rows = tokens = 0
-        for (d, _), ob in self.ctl.obs.items():
-            if d == domain:
-                rows += ob.rows
-                tokens += ob.output_tokens
-        return tokens / rows if rows else float(self.spec.sampling.max_tokens)
 
     def explores(self, domain: Domain, best: int, engine_k: int) -> bool:
         """Whether the next unit of this domain, planned at ``best``, should run at
@@ -186,3 +193,66 @@ class KPolicy:
         """Count a unit the worker took, for the exploring quota."""
         took, n = self._taken.get(domain, (0, 0))
         self._taken[domain] = (took + 1, n + explored)
+
+
+def cheapest_engine_set(
+    seconds: np.ndarray, grid: list[int], required: set[int], engine_k: int | None, build_s: float
+) -> list[int]:
+    """Columns of ``grid`` forming the cheapest set of engines: over every subset S, the sum
+    over domains (rows of ``seconds``) of the fastest K in S, plus ``build_s`` per engine of
+    S ∪ ``required`` that is not ``engine_k`` (the one up; with none up, the first is free).
+
+    Exact, by a dynamic program over bit sets: the domains' best time within S ∪ {K_i} is the
+    minimum of their best time within S and their time at K_i, so the 2^G sets take 2^G
+    vector minima (4096 x 100 domains for 12 K: about a millisecond).
+    """
+    cols = _candidates(seconds, grid, required, engine_k)
+    n = len(cols)
+    total = np.zeros(1 << n)
+    step = max(1, _PLAN_CELLS >> n)
+    for lo in range(0, seconds.shape[0], step):
+        part = seconds[lo : lo + step, cols]
+        best = np.empty((1 << n, part.shape[0]))
+        best[0] = np.inf
+        for i in range(n):
+            np.minimum(best[: 1 << i], part[:, i], out=best[1 << i : 2 << i])
+        total += best @ np.ones(part.shape[0])
+    sets = np.arange(1 << n)
+    size = _set_sizes(n)
+    chosen_k = [grid[c] for c in cols]
+    with_required = sets | sum(1 << i for i, k in enumerate(chosen_k) if k in required)
+    engines = size[with_required] + len(required - set(chosen_k))
+    if engine_k is None:
+        up = 1
+    elif engine_k in required or engine_k not in chosen_k:
+        up = int(engine_k in required)
+    else:
+        up = with_required >> chosen_k.index(engine_k) & 1
+    cost = total + build_s * np.maximum(engines - up, 0)
+    # Of equally cheap sets, the one with fewest K.
+    best_set = int(np.lexsort((size, cost))[0])
+    return [c for i, c in enumerate(cols) if best_set >> i & 1]
+
+
+@functools.lru_cache(maxsize=4)
+def _set_sizes(n: int) -> np.ndarray:
+    """Members of each of the 2^n bit sets."""
+    return ((np.arange(1 << n)[:, None] >> np.arange(n)) & 1).sum(axis=1)
+
+
+def _candidates(
+    seconds: np.ndarray, grid: list[int], required: set[int], engine_k: int | None
+) -> list[int]:
+    """Grid columns worth a place in the set: those with a prediction for some domain (a K
+    nobody can run at only adds a start). Beyond ``MAX_PLAN_K`` of them, the ones most domains
+    are fastest at, then the engine that is up and the required ones, then the fastest overall."""
+    cols = [j for j in range(len(grid)) if np.isfinite(seconds[:, j]).any()]
+    if len(cols) <= MAX_PLAN_K:
+        return cols
+    fastest = np.bincount(np.argmin(seconds, axis=1), minlength=len(grid))
+    total = np.where(np.isfinite(seconds), seconds, 0).sum(axis=0)
+
+    def rank(j: int) -> tuple[int, bool, float]:
+        return (-fastest[j], grid[j] != engine_k and grid[j] not in required, total[j])
+
+    return sorted(sorted(cols, key=rank)[:MAX_PLAN_K])

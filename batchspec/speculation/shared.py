@@ -13,7 +13,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
+from batchspec.spec import JobSpec
 from batchspec.speculation.estimator import Observation
 
 
@@ -62,6 +64,51 @@ def read_tuning(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+
+
+def tuning_identity(spec: JobSpec) -> dict[str, Any]:
+    """What a tuning file's measurements depend on, by spec key: the target, the draft and
+    its method, the dtype and the sampling (acceptance and step cost change with each; the
+    sampling seed changes no distribution and is left out). ``batchspec tune`` writes it."""
+    identity = {
+        "model.model": spec.model.model,
+        "model.dtype": spec.model.dtype,
+        "speculative.method": spec.speculative.method,
+        "speculative.model": spec.speculative.model,
+    }
+    for key, value in spec.sampling.model_dump().items():
+        if key != "seed":
+            identity[f"sampling.{key}"] = value
+    return json.loads(json.dumps(identity))  # as read back from the file
+
+
+def check_tuning(tuning: dict[str, Any], spec: JobSpec, path: Path) -> None:
+    """Refuse a tuning file measured for another job: its K would be chosen from the wrong
+    model's, draft's or sampling's acceptance and costs, silently."""
+    made = tuning.get("identity", {})
+    for key, value in tuning_identity(spec).items():
+        if key not in made:
+            raise UserError(
+                f"{path}: does not say which {key} it was measured with (made by an older "
+                "batchspec tune): run batchspec tune again, or remove the file"
+            )
+        if made[key] != value:
+            raise UserError(
+                f"{path}: measured with {key}={made[key]!r}, the job has {value!r}: run "
+                "batchspec tune again, or remove the file"
+            )
+
+
+def job_tuning(spec: JobSpec, out: OutDir) -> dict[str, Any] | None:
+    """The output directory's tuning file when the job's K is adaptive, refused (UserError)
+    when it was measured for another job; None without one."""
+    s = spec.speculative
+    if not (s.adaptive and s.method != "none"):
+        return None
+    tuning = read_tuning(out.tuning)
+    if tuning is not None:
+        check_tuning(tuning, spec, out.tuning)
+    return tuning
 
 
 def tuning_observations(tuning: dict[str, Any], batch: int) -> list[dict[str, Any]]:

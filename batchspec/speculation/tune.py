@@ -1,9 +1,12 @@
 """``batchspec tune``: a calibration sweep over K (and batch sizes) on a sample of each domain.
 
 For every batch size and every K of the grid it builds one engine and runs each domain's
-sample through it alone, measuring real output tokens/s and acceptance. The observations go
-to a tuning file that ``batchspec run`` loads into its K controller; the table printed is the
-measured tokens/s, not a prediction.
+sample through it alone, as a full batch (a domain with fewer rows than the batch repeats
+them), measuring real output tokens/s and acceptance at the batch size it records. The
+observations go to a tuning file that ``batchspec run`` loads into its K controller (and
+refuses for another model, draft, method, dtype or sampling); the table printed is the
+measured tokens/s with its noise, and the K chosen never loses to another measured K by more
+than that noise (``controller._Table._measurement_wins``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from batchspec.io.checks import preflight
 from batchspec.io.inputs import PromptBuilder
 from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
-from batchspec.speculation.estimator import Controller, Observation
-from batchspec.speculation.shared import write_tuning
+from batchspec.speculation.controller import Controller
+from batchspec.speculation.estimator import Observation
+from batchspec.speculation.shared import tuning_identity, write_tuning
 from batchspec.units import UnitRequests, WorkUnit
 
 
@@ -43,7 +47,8 @@ class ListSource:
 
 
 def sample_units(units: list[WorkUnit], per_domain: int) -> dict[str | None, list[WorkUnit]]:
-    """The first units of every domain that hold at least ``per_domain`` rows together."""
+    """The first units of every domain that hold at least ``per_domain`` rows together (all
+    of a domain's units when it has fewer rows)."""
     picked: dict[str | None, list[WorkUnit]] = {}
     counts: dict[str | None, int] = {}
     for unit in units:
@@ -57,22 +62,30 @@ def _with_batch(spec: JobSpec, batch: int) -> JobSpec:
     return spec.model_copy(update={"model": spec.model.model_copy(update={"max_num_seqs": batch})})
 
 
+def sample_rows(builder: PromptBuilder, units: list[WorkUnit], rows: int) -> UnitRequests:
+    """``rows`` rows of these single-domain units as one request list: the first ones, and
+    when the units hold fewer, their rows again in turn (sampling with replacement), so that
+    the batch the measurement is labelled with is full."""
+    found = [r for unit in units for r in builder.build(unit).rows]
+    return UnitRequests(units[0], [found[i % len(found)] for i in range(rows)])
+
+
 def measure(
     engine: Engine, builder: PromptBuilder, units: list[WorkUnit], rows: int, batch: int
 ) -> tuple[Observation, float]:
     """Run ``rows`` rows of these single-domain units alone; the observation and wall tokens/s."""
-    requests = []
-    left = rows
-    for unit in units:
-        built = builder.build(unit)
-        built.rows = built.rows[:left]
-        left -= len(built.rows)
-        requests.append(built)
+    requests = sample_rows(builder, units, rows)
     ob = Observation(units[0].domain, engine.k, batch)
     started = time.perf_counter()
-    for result in engine.run(ListSource(requests), lambda: False):
+    for result in engine.run(ListSource([requests]), lambda: False):
         ob.merge(Observation.from_result(result, batch))
     wall = time.perf_counter() - started
+    # A row run twice is not a second sample of the domain: the noise counts distinct rows.
+    distinct = len({id(r) for r in requests.rows})
+    if ob.rated > distinct:
+        ob.rate_sum *= distinct / ob.rated
+        ob.rate_sq *= distinct / ob.rated
+        ob.rated = distinct
     return ob, ob.output_tokens / wall if wall > 0 else 0.0
 
 
@@ -83,18 +96,21 @@ def tune(
     out: Path,
     echo: Callable[[str], object] = print,
 ) -> dict[str, Any]:
-    """Sweep K x batch size, print a table per batch size, write the tuning file."""
+    """Sweep K x batch size, print a table per batch size, write the tuning file. Each
+    domain runs ``sample`` rows at each K and batch size, at least a full batch."""
     s = spec.speculative
     if s.method == "none":
         raise UserError("speculative.method is none: there is no K to tune")
     pre = preflight(spec)
     tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
-    sweep = _Sweep(spec, sample_units(pre.units, sample), sample, tokenizer, echo)
+    rows = max(sample, *batches)
+    sweep = _Sweep(spec, sample_units(pre.units, rows), sample, tokenizer, echo)
     data: dict[str, Any] = {
         "method": s.method,
+        "identity": tuning_identity(spec),
         "spec_hash": spec.content_hash(),
         "k_grid": sweep.grid,
-        "sample_rows": sample,
+        "sample_rows": {b: sweep.rows_at(b) for b in batches},
         "created": time.time(),
         "batches": [sweep.batch(b) for b in batches],
     }
@@ -123,24 +139,31 @@ class _Sweep:
         self.grid = sorted(set(spec.speculative.k_grid))
         self.builds: list[float] = []
 
+    def rows_at(self, batch: int) -> int:
+        """Rows per domain and K at this batch size: ``--sample``, at least a full batch."""
+        return max(self.rows, batch)
+
     def batch(self, batch: int) -> dict[str, Any]:
         """One batch size: an engine per K, every domain measured on it; the tuning entry."""
         bspec = _with_batch(self.spec, batch)
         observations: list[Observation] = []
-        measured: dict[str, dict[int, float]] = {}
+        walls: dict[str, dict[int, float]] = {}
         for k in self.grid:
             engine = open_engine(bspec, k)
             self.builds.append(engine.build_s)
             inp = self.spec.input
             builder = PromptBuilder(inp, self.tokenizer, engine.max_model_len, bspec.sampling.seed)
             try:
+                # A new engine's first batch pays one-off costs (allocations, kernel warm-up)
+                # that would count against whichever domain comes first: one batch, unmeasured.
+                measure(engine, builder, next(iter(self.samples.values())), batch, batch)
                 for domain, units in self.samples.items():
-                    ob, tps = measure(engine, builder, units, self.rows, batch)
+                    ob, wall = measure(engine, builder, units, self.rows_at(batch), batch)
                     observations.append(ob)
-                    measured.setdefault(str(domain), {})[k] = tps
+                    walls.setdefault(str(domain), {})[k] = wall
                     self.echo(
-                        f"  batch {batch:3d}  K={k}  {domain}: {tps:.1f} tok/s "
-                        f"({ob.output_tokens} tokens)"
+                        f"  batch {batch:3d}  K={k}  {domain}: {wall:.1f} tok/s wall "
+                        f"({ob.rows} rows, {ob.output_tokens} tokens)"
                     )
             finally:
                 engine.close()
@@ -150,13 +173,17 @@ class _Sweep:
         domains = {}
         for domain in self.samples:
             choice = ctl.choose(domain)
-            rates = measured[str(domain)]
+            # What a full batch makes at each K (rows' rate x batch) and that figure's noise.
+            obs = {o.k: o for o in observations if o.domain == domain}
+            rates = {k: (o.rate or 0.0) * batch for k, o in obs.items()}
             domains[str(domain)] = {
                 "chosen_k": choice.k,
-                "best_measured_k": max(rates, key=rates.get),
+                "best_measured_k": max(rates, key=lambda x: (rates[x], -x)),
                 "alpha": choice.alpha,
                 "alpha_std": choice.alpha_std,
                 "tokens_per_s": rates,
+                "noise_tokens_per_s": {k: (o.rate_noise or 0.0) * batch for k, o in obs.items()},
+                "wall_tokens_per_s": walls[str(domain)],
             }
         self.echo(format_tuning_table(batch, self.grid, domains))
         return {
@@ -171,7 +198,8 @@ def format_tuning_table(batch: int, grid: list[int], domains: dict[str, Any]) ->
     rows = []
     for domain, d in domains.items():
         alpha = "-" if d["alpha"] is None else f"{d['alpha']:.2f}±{d['alpha_std']:.2f}"
-        rates = [f"{d['tokens_per_s'][k]:.1f}" for k in grid]
+        noise = d["noise_tokens_per_s"]
+        rates = [f"{d['tokens_per_s'][k]:.1f}±{noise[k]:.1f}" for k in grid]
         rows.append([domain, alpha, *rates, str(d["chosen_k"])])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
 
@@ -181,5 +209,8 @@ def format_tuning_table(batch: int, grid: list[int], domains: dict[str, Any]) ->
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         )
 
-    title = f"batch {batch}: measured output tokens/s per domain and K (K=0: no speculation)"
+    title = (
+        f"batch {batch}: measured output tokens/s per domain and K (a full batch: rows' rate x "
+        f"{batch}; ± its standard error; K=0: no speculation)"
+    )
     return "\n".join([title, fmt(head), *(fmt(r) for r in rows)])

@@ -18,8 +18,9 @@ from collections import deque
 from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import part_error_positions
-from batchspec.units import UnitRequests, WorkUnit
+from batchspec.units import UnitRequests, UnitResult, WorkUnit
 from batchspec.work.leases import Leases
+from batchspec.work.quarantine import Quarantine
 from batchspec.work.scheduler import Scheduler
 from batchspec.work.stopping import StopFlag
 
@@ -124,8 +125,9 @@ class Claims:
 class ClaimingSource:
     """The units of one engine (one K): claimed as the engine's batch has room.
 
-    Offers ``requeue`` (a unit the engine lost, to run again first) and ``abandon`` (hand it
-    back to other workers); ``done`` once a unit is committed.
+    After an engine crash the units it had in flight go to the ``quarantine`` and nothing else
+    is fed until it is empty: its groups run one at a time, alone (``crashed``, ``finished``).
+    ``abandon`` hands a unit back to other workers; ``done`` once a unit is committed.
     """
 
     def __init__(
@@ -137,6 +139,7 @@ class ClaimingSource:
         stop: StopFlag,
         linger_s: float,
         first: list[WorkUnit],
+        max_attempts: int,
     ):
         self.scheduler = scheduler
         self.claims = claims
@@ -148,12 +151,13 @@ class ClaimingSource:
         self.ready: deque[WorkUnit] = deque(first)
         """Claimed units not yet given to the engine: claimed ahead, or requeued."""
         self.open: dict[str, UnitRequests] = {}
-        """Units claimed and handed to the engine, not yet committed or given up."""
+        """Units (or a suspect's group) handed to the engine, not yet back or given up."""
+        self.quarantine = Quarantine(max_attempts)
         self._linger_since: float | None = None
 
     def has_work(self) -> bool:
         """Claim ahead (without building) so no engine starts for units others hold."""
-        if self.ready:
+        if self.ready or self.quarantine:
             return True
         unit = self.claims.next(self.scheduler, self.k)
         if unit is None:
@@ -164,6 +168,11 @@ class ClaimingSource:
     def next_unit(self) -> UnitRequests | None:
         if self.stop.stopping:
             return None
+        if self.quarantine:
+            group = self.quarantine.next_group()
+            if group is not None:
+                self.open[group.unit.unit_id] = group
+            return group
         unit = self.ready.popleft() if self.ready else self.claims.next(self.scheduler, self.k)
         if unit is None:
             return None
@@ -174,7 +183,7 @@ class ClaimingSource:
     def exhausted(self) -> bool:
         if self.stop.stopping:
             return True
-        if self.ready:
+        if self.ready or self.quarantine:
             return False
         # Last look at the units others held before this engine goes idle.
         unit = self.claims.next(self.scheduler, self.k, revisit_now=True)
@@ -197,14 +206,34 @@ class ClaimingSource:
         """Rows finished per open unit (for the heartbeat's progress record)."""
         return {uid: r.finished for uid, r in list(self.open.items())}
 
-    def requeue(self, unit_id: str) -> None:
-        """An open unit the engine lost: run it again, on this source's next engine."""
-        self.ready.append(self.open.pop(unit_id).unit)
+    def crashed(self, error: str) -> list[UnitRequests]:
+        """The engine died: what it had in flight goes to the quarantine. Returns the units
+        out of attempts, still leased: the caller records them as failed, then abandons them."""
+        given_up = self.quarantine.crashed(self.open, error)
+        failed = [self.open[uid] for uid in given_up]
+        self.open.clear()  # the rest are suspects now, still under our lease
+        return failed
+
+    def finished(self, result: UnitResult) -> UnitResult | None:
+        """A unit came back from the engine: its result to commit, or None for a suspect's
+        group while the rest of its unit has still to run."""
+        uid = result.unit.unit_id
+        if not self.quarantine.owns(uid):
+            return result
+        del self.open[uid]
+        return self.quarantine.finished(result)
 
     def abandon(self, unit_id: str) -> None:
-        """Give an open unit up: its lease goes, so another worker (or run) takes it."""
+        """Give a unit up: its lease goes, so another worker (or run) takes it."""
         self.open.pop(unit_id, None)
         self.claims.leases.release(unit_id)
+
+    def abandon_all(self) -> int:
+        """Hand back every open or quarantined unit (stopping); returns how many."""
+        uids = set(self.open) | set(self.quarantine.drop())
+        for uid in uids:
+            self.abandon(uid)
+        return len(uids)
 
     def release_unstarted(self) -> None:
         """Hand back units claimed ahead but not yet given to the engine (on a stop)."""

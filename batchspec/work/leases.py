@@ -35,6 +35,30 @@ def _process_start(pid: int) -> float | None:
         return None
 
 
+def _process_state(pid: int) -> tuple[bool, float | None]:
+    """(alive, start time) of a process of this host; the start time is None where it
+    cannot be read (another user's process, /proc mounted with hidepid)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False, None
+        return True, proc.create_time()
+    except psutil.ZombieProcess:
+        return False, None
+    except psutil.AccessDenied:
+        return True, None
+    except psutil.NoSuchProcess:
+        pass
+    # /proc may hide processes of other users (hidepid): the kernel still tells.
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False, None
+    except PermissionError:
+        return True, None
+    return True, None
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lease: enough to tell a live holder from a dead one on the same host."""
@@ -50,11 +74,15 @@ class Holder:
         return cls(worker, socket.gethostname(), pid, _process_start(pid))
 
     def is_dead_here(self) -> bool:
-        """True when this holder ran on this host and its process no longer exists."""
+        """True when this holder ran on this host and its process no longer exists (or its
+        pid now belongs to a younger process). A process that cannot be inspected counts as
+        alive: its lease then goes stale by the heartbeat timeout only."""
         if self.host != socket.gethostname():
             return False
-        start = _process_start(self.pid)
-        return start is None or (self.pid_start is not None and abs(start - self.pid_start) > 1)
+        alive, start = _process_state(self.pid)
+        if not alive:
+            return True
+        return start is not None and self.pid_start is not None and abs(start - self.pid_start) > 1
 
 
 @dataclass(frozen=True)
@@ -102,6 +130,13 @@ class LeaseDir:
             if info is not None:
                 infos.append(info)
         return infos
+
+    def live_holders(self) -> set[str]:
+        """Workers holding a lease that is not stale: the run's live workers, as far as the
+        output directory shows (a worker between units may hold none for a moment)."""
+        return {
+            i.holder.worker for i in self.all() if i.holder is not None and not self.is_stale(i)
+        }
 
 
 class Leases(LeaseDir):
@@ -172,6 +207,10 @@ class Leases(LeaseDir):
             held = list(self._held)
         for unit_id in held:
             self.release(unit_id)
+
+    def live_workers(self) -> int:
+        """Live workers of the run, this one included."""
+        return len(self.live_holders() | {self.me.worker})
 
     @property
     def held(self) -> set[str]:

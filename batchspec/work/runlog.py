@@ -74,6 +74,8 @@ class RunStats:
     error_rows: int = 0
     output_tokens: int = 0
     engine_build_s: float = 0.0
+    stage_s: float = 0.0
+    """Staging input files with large row groups (``io.staging``), once per output dir."""
     engine_close_s: float = 0.0
     generate_s: float = 0.0
     wall_s: float = 0.0
@@ -112,6 +114,7 @@ def sum_runs(out: OutDir, run: str, wall_s: float) -> RunStats:
             setattr(total, name, getattr(total, name) + d[name])
         total.engine_build_s = max(total.engine_build_s, d["engine_build_s"])
         total.generate_s = max(total.generate_s, d["generate_s"])
+        total.stage_s = max(total.stage_s, d.get("stage_s", 0.0))
         total.stopped_by_signal |= d["stopped_by_signal"]
         total.engines += d["engines"]
     total.wall_s = wall_s

@@ -5,16 +5,27 @@ current engine's batch full as long as the K policy plans units at its K (decidi
 every unit, from the latest shared measurements), and says which K comes next when it stops
 doing so. It owns the units this worker may still run; claiming them (leases) is
 ``claims``' business, and running them the engine's.
+
+The engine asks for a unit whenever its batch has room, which while the batch drains is every
+engine step: a decision is made again only when something it depends on changed (a unit
+taken, a new measurement, the engine's K, the number of live workers), and an answer "nothing
+more at K" stands until then.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
+from collections.abc import Callable
 
 from batchspec.speculation.policy import Decision, KPolicy
 from batchspec.units import WorkUnit
 
 Domain = str | None
+
+COUNT_WORKERS_S = 30.0
+"""How often the live workers are counted (one read of every lease file): they change slowly."""
 
 
 class Scheduler:
@@ -25,8 +36,21 @@ class Scheduler:
     O(units), on plans of a hundred thousand units.
     """
 
-    def __init__(self, units: list[WorkUnit], policy: KPolicy):
+    def __init__(
+        self,
+        units: list[WorkUnit],
+        policy: KPolicy,
+        live_workers: Callable[[], int] | None = None,
+    ):
         self.policy = policy
+        self.live_workers = live_workers
+        """Workers of the run now (from the leases): this one runs about 1/N of the rows left."""
+        self._workers = 1
+        self._counted_at = -math.inf
+        self._taken = 0
+        self._decided: tuple[object, Decision] | None = None
+        self._idle: object = None
+        """The state in which ``next_unit`` last found nothing at its K."""
         self._queues: dict[Domain, deque[tuple[int, WorkUnit]]] = {}
         for i, u in enumerate(units):
             self._queues.setdefault(u.domain, deque()).append((i, u))
@@ -63,13 +87,30 @@ class Scheduler:
         if not self:
             return None
         decision = self._decide(k)
-        if decision.probe is not None and decision.probe[1] != k:
+        if self._idle == self._state(k):
             return None
-        return self._take(k, decision.plan)
+        unit = None
+        if decision.probe is None or decision.probe[1] == k:
+            unit = self._take(k, decision.plan)
+        if unit is None:
+            self._idle = self._state(k)
+        return unit
+
+    def _state(self, engine_k: int | None) -> tuple[object, ...]:
+        """Everything a decision depends on, besides the rows left (which change only when a
+        unit is taken)."""
+        return engine_k, self._taken, self._workers, self.policy.version
 
     def _decide(self, engine_k: int | None) -> Decision:
+        """The policy's decision, made again only when its inputs changed."""
         self.policy.refresh()
-        return self.policy.decide(self.rows, engine_k)
+        if self.live_workers is not None and time.monotonic() - self._counted_at >= COUNT_WORKERS_S:
+            self._counted_at = time.monotonic()
+            self._workers = max(1, self.live_workers())
+        state = self._state(engine_k)
+        if self._decided is None or self._decided[0] != state:
+            self._decided = (state, self.policy.decide(self.rows, engine_k, self._workers))
+        return self._decided[1]
 
     def _take(self, k: int, plan: dict[Domain, int]) -> WorkUnit | None:
         """The next unit to run at K, in plan order: planned there, or riding along to keep
@@ -85,6 +126,7 @@ class Scheduler:
         return self._pop(domain)
 
     def _pop(self, domain: Domain) -> WorkUnit:
+        self._taken += 1
         _, unit = self._queues[domain].popleft()
         self.rows[domain] -= unit.num_rows
         if not self._queues[domain]:

@@ -1,29 +1,64 @@
-"""Stopping on a signal: stop claiming, finish units in flight by a deadline, hand back the rest."""
+"""Stopping on a signal: stop claiming, finish units in flight by a deadline, hand back the rest;
+a second signal quits at once."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
+import psutil
+
+from batchspec.engines.procs import kill_tree
+
+REPEAT_S = 1.0
+"""A signal within this long of the first is the same stop: a signal to the whole process group
+reaches a worker directly and again through the ``--workers`` launcher that forwards it."""
+
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT: stop claiming, finish or abandon in-flight units by a deadline."""
+    """Set by SIGTERM/SIGINT: stop claiming, finish or abandon in-flight units by a deadline.
+
+    The engine's processes do not see these signals (``engines.procs``): it keeps running the
+    units in flight until the worker closes it. A second signal (a second Ctrl-C) quits at once:
+    the engine is killed, and the leases left behind are taken over by the next run at once
+    on this host (their holder is gone), or after the lease timeout elsewhere.
+    """
 
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.deadline: float | None = None
         self.signal: int | None = None
+        self._first = 0.0
         self.tripped = threading.Event()
         """Set with the deadline: wakes threads that act on a stop (not the signal handler)."""
 
     def trip(self, signum: int, _frame: object = None) -> None:
+        now = time.monotonic()
         if self.deadline is None:
             self.signal = signum
-            self.deadline = time.monotonic() + self.grace_s
+            self._first = now
+            self.deadline = now + self.grace_s
             self.tripped.set()
+            print(
+                f"batchspec: {signal.Signals(signum).name}: finishing the units in flight "
+                f"(up to {self.grace_s:g} s); signal again to quit at once",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif now - self._first >= REPEAT_S:
+            self.quit_now(signum)
+
+    @staticmethod
+    def quit_now(signum: int) -> None:
+        """Kill this process's children (the engine) and exit, skipping every cleanup."""
+        print("batchspec: second signal: quitting now", file=sys.stderr, flush=True)
+        kill_tree(psutil.Process().children())
+        os._exit(128 + signum)
 
     @property
     def stopping(self) -> bool:

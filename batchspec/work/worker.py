@@ -19,11 +19,13 @@ from batchspec.io.checks import Preflight, preflight
 from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
 from batchspec.io.manifest import claim_output_dir, make_manifest
+from batchspec.io.temps import clean_stale_temps
 from batchspec.io.writer import Commit, PartWriter, output_schema, units_with_errors
 from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy
+from batchspec.speculation.shared import job_tuning
 from batchspec.units import UnitResult, WorkUnit
 from batchspec.work.claims import ClaimingSource, Claims, FailureLog
 from batchspec.work.leases import Leases
@@ -51,13 +53,13 @@ class Worker:
         self.leases = Leases(self.out, name, ex.lease_timeout_s, ex.heartbeat_s, self._progress)
         self.failures = FailureLog(self.out, stats.run_id)
         self.claims = Claims(self.out, self.leases, self.failures, error_rows)
-        self.scheduler = Scheduler(todo, KPolicy(spec, self.out, name))
+        self.scheduler = Scheduler(todo, KPolicy(spec, self.out, name), self.leases.live_workers)
         self.stop = StopFlag(ex.shutdown_grace_s)
         types = pre.column_types
         passthrough = {c: types[c] for c in spec.input.passthrough_columns}
         self.writer = PartWriter(self.out, output_schema(types[spec.input.id_column], passthrough))
         self.tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
-        self.attempts: dict[str, int] = {}
+        self.reader = pre.reader
         self._source: ClaimingSource | None = None
 
     def run(self, progress: bool) -> None:
@@ -104,8 +106,9 @@ class Worker:
         for the next group.
 
         A unit is claimed before any engine starts, so no engine starts for units others
-        hold. After an engine failure the units in flight are retried on a new engine, until
-        they commit or run out of attempts.
+        hold. After an engine failure the units in flight are retried on a new engine, alone
+        and bisected down to a row that kills it (``quarantine``), until they commit or run
+        out of attempts.
         """
         claimed = first is not None and self.claims.claim(first)
         unit = first if claimed else self.claims.next(self.scheduler, k)
@@ -114,21 +117,32 @@ class Worker:
         if engine is None:
             engine = self._build(k)
         builder = PromptBuilder(
-            self.spec.input, self.tokenizer, engine.max_model_len, self.spec.sampling.seed
+            self.spec.input,
+            self.tokenizer,
+            engine.max_model_len,
+            self.spec.sampling.seed,
+            self.reader,
         )
+        ex = self.spec.execution
         source = ClaimingSource(
-            self.scheduler, self.claims, k, builder, self.stop, self.spec.execution.linger_s, [unit]
+            self.scheduler,
+            self.claims,
+            k,
+            builder,
+            self.stop,
+            ex.linger_s,
+            [unit],
+            ex.max_unit_attempts,
         )
         self._source = source
         while True:
             failure = self._drive(engine, source, bar)
             if failure is None:
-                for uid in list(source.open):  # aborted at the shutdown deadline: hand back
-                    self.stats.units_abandoned += 1
-                    source.abandon(uid)
+                # Aborted at the shutdown deadline: hand back what is left.
+                self.stats.units_abandoned += source.abandon_all()
                 return engine
             self._close(engine)
-            self._after_failure(source, failure)
+            self._after_failure(source, failure, engine)
             if self.stop.stopping or not source.has_work():
                 return None
             engine = self._build(k)
@@ -145,9 +159,11 @@ class Worker:
         started = time.perf_counter()
         try:
             for result in engine.run(source, self.stop.expired):
-                record["units"] += 1
-                record["output_tokens"] += self._commit(result, source)
-                bar.update(len(result.results))
+                whole = source.finished(result)
+                if whole is not None:
+                    record["units"] += 1
+                    record["output_tokens"] += self._commit(whole, source, result is whole)
+                    bar.update(len(whole.results))
         except EngineFailure as exc:
             record["failure"] = str(exc)
         finally:
@@ -169,24 +185,24 @@ class Worker:
         engine.close()
         self.stats.engine_close_s += time.perf_counter() - started
 
-    def _after_failure(self, source: ClaimingSource, error: str) -> None:
-        """Units in flight when the engine died: retry them, or give up after max attempts."""
+    def _after_failure(self, source: ClaimingSource, error: str, engine: Engine) -> None:
+        """Units in flight when the engine died: to the quarantine, or, out of attempts,
+        recorded as failed; units that only a poison row held back are committed."""
         self.stats.engine_failures += 1
-        for uid, requests in list(source.open.items()):
-            if self.stop.stopping:  # the signal may have taken the engine down with it
-                self.stats.units_abandoned += 1
-                source.abandon(uid)
-                continue
-            self.attempts[uid] = self.attempts.get(uid, 0) + 1
-            if self.attempts[uid] >= self.spec.execution.max_unit_attempts:
-                self.failures.record(requests.unit, self.attempts[uid], error)
-                self.stats.units_failed += 1
-                source.abandon(uid)
-            else:
-                source.requeue(uid)
+        if self.stop.stopping:
+            self.stats.units_abandoned += source.abandon_all()
+            return
+        for requests in source.crashed(error):
+            uid = requests.unit.unit_id
+            self.failures.record(requests.unit, source.quarantine.attempts[uid], error)
+            self.stats.units_failed += 1
+            source.abandon(uid)
+        for whole in source.quarantine.completed(engine.k, engine.method):
+            self._commit(whole, source, learn=False)
 
-    def _commit(self, result: UnitResult, source: ClaimingSource) -> int:
-        """Write a unit's part, release it, learn from it; returns its output tokens."""
+    def _commit(self, result: UnitResult, source: ClaimingSource, learn: bool = True) -> int:
+        """Write a unit's part, release it, learn from it (unless its rows ran apart, alone:
+        not the batch the K controller models); returns its output tokens."""
         unit_id = result.unit.unit_id
         outcome, _ = self.writer.commit(result)
         if outcome is Commit.DISCARDED:
@@ -196,7 +212,9 @@ class Worker:
         if outcome is Commit.COMMITTED:
             self.failures.clear(unit_id)
         source.done(unit_id)
-        self.scheduler.policy.observe(Observation.from_result(result, self.spec.model.max_num_seqs))
+        if learn:
+            ob = Observation.from_result(result, self.spec.model.max_num_seqs)
+            self.scheduler.policy.observe(ob)
         tokens = sum(r.num_output_tokens or 0 for r in result.results)
         self.stats.rows += len(result.results)
         self.stats.error_rows += sum(r.error is not None for r in result.results)
@@ -211,10 +229,14 @@ def prepare_run(
     uncommitted units, plus (``retry_errors``) committed units that hold error rows."""
     pre = preflight(spec, limit)
     out = OutDir(spec.output_dir)
+    job_tuning(spec, out)  # a tuning file of another job: refused before any worker starts
     claim_output_dir(out, make_manifest(spec, pre.files, limit, pre.units))
+    clean_stale_temps(out, spec.execution.lease_timeout_s)
     done = out.committed_units()
     errors = units_with_errors(out) if retry_errors else set()
-    return pre, [u for u in pre.units if u.unit_id not in done or u.unit_id in errors], errors
+    todo = [u for u in pre.units if u.unit_id not in done or u.unit_id in errors]
+    pre.reader.stage(out, todo)  # input files with large row groups, once per output dir
+    return pre, todo, errors
 
 
 def run_job(
@@ -230,6 +252,7 @@ def run_job(
         worker_name(),
         len(pre.units),
         units_skipped=len(pre.units) - len(todo),
+        stage_s=pre.reader.stage_s,
     )
     if not todo:
         stats.wall_s = time.perf_counter() - started

@@ -1,0 +1,72 @@
+"""Spec keys with a rule of their own: which ones leave outputs unchanged (not hashed), and
+which vLLM keywords batchspec sets itself (not to be passed through)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+OUTPUT_NEUTRAL: frozenset[str] = frozenset(
+    {
+        "name",
+        "output.dir",
+        "model.tensor_parallel_size",
+        "model.max_num_seqs",
+        "model.gpu_memory_utilization",
+        "model.enforce_eager",
+        "speculative.method",
+        "speculative.model",
+        "speculative.num_speculative_tokens",
+        "speculative.prompt_lookup_min",
+        "speculative.prompt_lookup_max",
+        "speculative.draft_tensor_parallel_size",
+        "speculative.per_domain",
+        "speculative.adaptive",
+        "speculative.k_grid",
+        "speculative.explore",
+        "execution",
+    }
+)
+"""Spec keys (or whole sections) that change how fast rows are generated, never which rows, so
+they are left out of the content hash and may change between runs into one output directory:
+where output goes, batch size and parallelism, and all of speculation (lossless: it keeps the
+target's output distribution; every row records the method and K it ran with). Every other key
+is hashed, so a new key binds the output directory unless it is added here, with its reason."""
+
+
+ENGINE_KEYS_SET = {
+    "model": "use model.model",
+    "tokenizer": "use model.tokenizer",
+    "dtype": "use model.dtype",
+    "max_model_len": "use model.max_model_len",
+    "tensor_parallel_size": "use model.tensor_parallel_size",
+    "max_num_seqs": "use model.max_num_seqs",
+    "gpu_memory_utilization": "use model.gpu_memory_utilization",
+    "enforce_eager": "use model.enforce_eager",
+    "seed": "use model.seed",
+    "speculative_config": "use the speculative section",
+    "per_request_spec_decode_metrics": "always on with speculation (per-row acceptance)",
+    "disable_log_stats": "always False (per-row timing needs the engine's stats)",
+}
+"""``vllm.LLM`` keywords batchspec sets from the spec: an ``engine_kwargs`` entry would silently
+override them (and, for the last two, make the per-row metrics vanish)."""
+SPECULATIVE_KEYS_SET = {
+    "method": "use speculative.method",
+    "num_speculative_tokens": "use speculative.num_speculative_tokens (or per_domain, adaptive)",
+    "model": "use speculative.model",
+    "prompt_lookup_min": "use speculative.prompt_lookup_min",
+    "prompt_lookup_max": "use speculative.prompt_lookup_max",
+    "draft_tensor_parallel_size": "use speculative.draft_tensor_parallel_size",
+}
+"""``speculative_config`` keys batchspec sets from the speculative section."""
+
+ROW_SEEDS = "blake2b(seed:file:row)"
+"""How per-row seeds are derived from ``sampling.seed`` (``io.inputs.row_seed``): hashed with
+seeded specs, so that a changed derivation never mixes into an existing output directory."""
+
+
+def not_set_by_batchspec(given: dict[str, Any], owned: dict[str, str]) -> dict[str, Any]:
+    """``given`` as it is, or a ValueError naming its first key that batchspec sets itself."""
+    for key in given:
+        if key in owned:
+            raise ValueError(f"{key!r} is set by batchspec: {owned[key]}")
+    return given

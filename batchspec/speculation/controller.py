@@ -1,0 +1,226 @@
+"""The K controller: per domain, the K with the most predicted tokens/s, for all domains at once.
+
+It keeps sums per (domain, K) as observations come and makes every prediction in arrays, once
+per new observation, so that a worker's scheduling decisions over a hundred domains cost a
+lookup (see ``estimator`` for the model, ``policy`` for the engines).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from batchspec.speculation.estimator import (
+    MIN_RATE_TOKENS,
+    Choice,
+    DomainModel,
+    Observation,
+    rate_noise,
+    tokens_per_step,
+)
+
+
+class Controller:
+    """Chooses K per domain from observations at one batch size.
+
+    Sums are kept per domain and K as observations come, and every prediction is made for all
+    domains at once, in arrays, once per new observation (``_Table``): a scheduling decision
+    over a hundred domains then costs a lookup.
+    """
+
+    def __init__(
+        self, batch: int, k_grid: Iterable[int], default_k: int, fixed: dict[str, int] | None = None
+    ):
+        self.batch = batch
+        self.k_grid = sorted(set(k_grid))
+        self.default_k = default_k
+        self.fixed = dict(fixed or {})
+        """Per-domain K set by the user (speculative.per_domain): never changed."""
+        self.obs: dict[tuple[str | None, int], Observation] = {}
+        self.version = 0
+        """Counts the observations taken in: predictions change only when it does."""
+        self.index: dict[str | None, int] = {}
+        """Row of each observed domain in the arrays below."""
+        self._running = np.zeros((0, max(self.k_grid) + 1))
+        """Per domain and K (column): rows' running seconds; ``_tokens``: their output tokens."""
+        self._tokens = np.zeros_like(self._running)
+        self._acceptance = np.zeros((0, 4))
+        """Per domain, over K > 0: accepted, rejections, spec steps, decode steps."""
+        self._rated = np.zeros_like(self._running)
+        """Per domain and K: rows with a rate, and the sums of their rates and squares."""
+        self._rate_sum = np.zeros_like(self._running)
+        self._rate_sq = np.zeros_like(self._running)
+        self._produced = np.zeros((0, 2))
+        """Per domain, over every K: rows and output tokens."""
+        self._table: _Table | None = None
+
+    # -- input ---------------------------------------------------------------------------
+
+    def add(self, ob: Observation) -> None:
+        if ob.batch != self.batch or ob.rows == 0:
+            return  # another batch size has other step costs
+        key = (ob.domain, ob.k)
+        if key not in self.obs:
+            self.obs[key] = Observation(ob.domain, ob.k, ob.batch)
+        self.obs[key].merge(ob)
+        i = self._row(ob.domain, ob.k)
+        self._running[i, ob.k] += ob.running_s
+        self._tokens[i, ob.k] += ob.output_tokens
+        self._rated[i, ob.k] += ob.rated
+        self._rate_sum[i, ob.k] += ob.rate_sum
+        self._rate_sq[i, ob.k] += ob.rate_sq
+        self._produced[i] += (ob.rows, ob.output_tokens)
+        if ob.k > 0:
+            self._acceptance[i] += (ob.accepted, ob.rejections, ob.spec_steps, ob.decode_steps)
+        self.version += 1
+        self._table = None
+
+    def _row(self, domain: str | None, k: int) -> int:
+        """The domain's row in the arrays, grown (doubling) for a new domain or a larger K."""
+        i = self.index.setdefault(domain, len(self.index))
+        rows, cols = self._running.shape
+        if i >= rows or k >= cols:
+            grow = max(rows, 2 * i + 1)
+            per_k = ("_running", "_tokens", "_rated", "_rate_sum", "_rate_sq")
+            widths = dict.fromkeys(per_k, max(cols, k + 1)) | {"_acceptance": 4, "_produced": 2}
+            for name, width in widths.items():
+                old = getattr(self, name)
+                new = np.zeros((grow, width))
+                new[: old.shape[0], : old.shape[1]] = old
+                setattr(self, name, new)
+        return i
+
+    def load_observations(self, items: Iterable[dict[str, Any]]) -> None:
+        for item in items:
+            self.add(Observation(**item))
+
+    # -- estimates -----------------------------------------------------------------------
+
+    def domain_model(self, domain: str | None) -> DomainModel:
+        """Pooled acceptance over every K > 0 the domain ran with."""
+        if domain not in self.index:
+            return DomainModel()
+        return DomainModel(*(int(x) for x in self._acceptance[self.index[domain]]))
+
+    def tokens_per_row(self, domains: list[str | None], default: float) -> np.ndarray:
+        """Mean output tokens of each domain's rows observed so far; ``default`` before any."""
+        at = [self.index.get(d, -1) for d in domains]
+        rows = np.array([self._produced[i, 0] if i >= 0 else 0.0 for i in at])
+        tokens = np.array([self._produced[i, 1] if i >= 0 else 0.0 for i in at])
+        return np.divide(tokens, rows, out=np.full(len(at), float(default)), where=rows > 0)
+
+    def step_times(self) -> dict[int, float]:
+        """Seconds per step at each measured K, pooled over domains (token-weighted)."""
+        return self._current().steps
+
+    def choose(self, domain: str | None) -> Choice:
+        if domain is not None and domain in self.fixed:
+            return Choice(domain, self.fixed[domain], None, None)
+        t = self._current()
+        i = self.index.get(domain, t.blank)
+        rates = {k: float(r) for k, r in zip(self.k_grid, t.rates[i], strict=True) if r == r}
+        model = self.domain_model(domain)
+        if model.accepted + model.rejections == 0:
+            return Choice(domain, int(t.k[i]), None, None, rates)
+        return Choice(domain, int(t.k[i]), model.alpha, model.alpha_std, rates)
+
+    def table(self, domains: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
+        """Rates (rows: ``domains``, columns: ``k_grid``; NaN where unknown) and chosen K of
+        these domains; a fixed domain has its K and no rates (the controller leaves it)."""
+        t = self._current()
+        at = [self.index.get(d, t.blank) for d in domains]
+        rates, k = t.rates[at], t.k[at]
+        for i, d in enumerate(domains):
+            if d is not None and d in self.fixed:
+                rates[i] = np.nan
+                k[i] = self.fixed[d]
+        return rates, k
+
+    def _current(self) -> _Table:
+        if self._table is None:
+            self._table = _Table(self)
+        return self._table
+
+
+class _Table:
+    """The controller's predictions for one state of its observations, every domain at once:
+    rates per (domain, K of the grid), NaN where unknown, and each domain's chosen K. Row
+    ``blank`` stands for a domain with no observation yet."""
+
+    def __init__(self, ctl: Controller):
+        n = self.blank = len(ctl.index)
+        accepted, rejections, spec, decode = np.vstack([ctl._acceptance[:n], np.zeros(4)]).T
+        alpha = (accepted + 1) / (accepted + rejections + 2)
+        coverage = np.minimum(
+            1.0, np.divide(spec, decode, out=np.ones_like(spec), where=decode > 0)
+        )
+        grid = np.array(ctl.k_grid)
+        step = self._steps(ctl, alpha[:n], coverage[:n], grid)
+        predicted = tokens_per_step(alpha[:, None], coverage[:, None], grid[None, :]) / step
+        running, tokens = ctl._running[:n, grid], ctl._tokens[:n, grid]
+        measured = np.full_like(predicted, np.nan)
+        long_enough = (running > 0) & (tokens >= MIN_RATE_TOKENS)
+        np.divide(tokens, running, out=measured[:n], where=long_enough)
+        # Step times are pooled over domains, but a domain with long prompts steps slower at
+        # every K, and its extra cost per draft differs too: the domain's own rates win where
+        # it has them, and scale the model's level for the K it lacks.
+        both = np.isfinite(measured) & np.isfinite(predicted)
+        num = np.where(both, measured, 0.0).sum(axis=1)
+        den = np.where(both, predicted, 0.0).sum(axis=1)
+        scale = np.divide(num, den, out=np.ones_like(num), where=den > 0)
+        self.rates = np.where(np.isfinite(measured), measured, predicted * scale[:, None])
+        known = np.isfinite(self.rates)
+        zero = known[:, 0] if grid[0] == 0 else np.zeros(n + 1, dtype=bool)
+        # Ties go to the smaller K (the grid is sorted; argmax takes the first maximum).
+        best = grid[np.argmax(np.where(known, self.rates, -np.inf), axis=1)]
+        default = ~known.any(axis=1) | ((accepted + rejections == 0) & ~zero)
+        self.k = np.where(default, ctl.default_k, best)
+        self._measurement_wins(ctl, grid, default)
+
+    def _measurement_wins(self, ctl: Controller, grid: np.ndarray, default: np.ndarray) -> None:
+        """Where the chosen K was measured and another measured K beat it by more than the
+        two measurements' noise (standard errors, combined), the model is wrong for that
+        domain: its rates become the measured ones alone (for the engine plan too), and it
+        gets its fastest measured K. Below ``MIN_RATE_TOKENS`` the model's rates stand in for
+        measured ones, but they must not overrule a clear measurement."""
+        n = self.blank
+        running, tokens = ctl._running[:n, grid], ctl._tokens[:n, grid]
+        rated = ctl._rated[:n, grid]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where((running > 0) & (rated >= 2), tokens / running, np.nan)
+        noise = rate_noise(rate, rated, ctl._rate_sum[:n, grid], ctl._rate_sq[:n, grid])
+        measured = np.isfinite(rate) & np.isfinite(noise)
+        rate[~measured] = np.nan
+        chosen = np.searchsorted(grid, self.k[:n]).clip(max=len(grid) - 1)
+        rows = np.arange(n)
+        own, own_noise = rate[rows, chosen], noise[rows, chosen]
+        with np.errstate(invalid="ignore"):
+            beaten = (rate - own[:, None] > np.hypot(noise, own_noise[:, None])).any(axis=1)
+        beaten &= measured[rows, chosen] & (grid[chosen] == self.k[:n]) & ~default[:n]
+        fastest = grid[np.argmax(np.where(measured, rate, -np.inf), axis=1)]
+        self.k[:n] = np.where(beaten, fastest, self.k[:n])
+        self.rates[:n][beaten] = rate[beaten]
+
+    def _steps(
+        self, ctl: Controller, alpha: np.ndarray, coverage: np.ndarray, grid: np.ndarray
+    ) -> np.ndarray:
+        """Seconds per step at each K of the grid: measured (rows at rate r with t tokens per
+        step take t / r per step; pooled over domains, token-weighted, so Σ t·running_s over
+        Σ tokens), or interpolated linearly between the nearest measured K, never beyond
+        them (NaN). Sets ``steps``, the measured ones."""
+        n = len(alpha)
+        running, tokens = ctl._running[:n], ctl._tokens[:n]
+        ks = np.arange(running.shape[1])
+        valid = (running > 0) & (tokens > 0)
+        weighted = np.where(valid, tokens_per_step(alpha[:, None], coverage[:, None], ks), 0.0)
+        den = np.where(valid, tokens, 0.0).sum(axis=0)
+        at = np.flatnonzero(den > 0)
+        pooled = (weighted * running).sum(axis=0)[at] / den[at]
+        self.steps = {int(k): float(v) for k, v in zip(at, pooled, strict=True)}
+        if not len(at):
+            return np.full(len(grid), np.nan)
+        step = np.interp(grid, at, pooled)
+        step[(grid < at[0]) | (grid > at[-1])] = np.nan
+        return step
