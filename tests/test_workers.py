@@ -31,7 +31,7 @@ def test_two_workers_share_units_stop_on_a_group_signal_and_never_commit_one_twi
     assert len(logs) == 2 and all(log["stopped_by_signal"] for log in logs)
     assert sum(log["units_abandoned"] for log in logs) == 0, logs
     assert not list((out / "leases").glob("*.lease"))
-    assert 0 < len(list((out / "parts").glob("*.parquet"))) < 12
+    assert 0 < len(list((out / "parts").glob("*.parquet"))) < logs[0]["units_total"]
 
     result = run_cli("run", str(job), "--workers", "2", "--no-progress")
     assert result.returncode == 0, result.stderr[-3000:]
