@@ -78,6 +78,7 @@ LONGEST_FIRST = [
     "test_workers.py",
     "test_adaptive.py",
     "test_tune.py",
+    "test_verify.py",
 ]
 """The files that start engines, longest first (as measured): parallel workers take files in
 collection order, and a long file taken last would leave the other worker idle. Order only."""

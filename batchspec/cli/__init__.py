@@ -1,4 +1,4 @@
-"""Command line: ``batchspec run | validate | tune | report | status | slurm | models``.
+"""Command line: ``batchspec run | validate | tune | verify | report | status | slurm | models``.
 
 User mistakes (``UserError``) print one line and exit 2, with no traceback; everything else is
 a bug and keeps its traceback. Commands import the heavy parts (vLLM, polars) only when run.
@@ -10,7 +10,7 @@ import os
 
 import click
 
-from batchspec.cli import cluster, jobs
+from batchspec.cli import cluster, jobs, verify
 
 
 def _quiet_libraries() -> None:
@@ -29,5 +29,6 @@ def main() -> None:
 
 for command in (jobs.run, jobs.validate, jobs.tune, jobs.report, cluster.status):
     main.add_command(command)
+main.add_command(verify.verify)
 main.add_command(cluster.slurm)
 main.add_command(cluster.models)

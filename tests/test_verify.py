@@ -1,0 +1,75 @@
+"""batchspec verify on real vLLM (the embedded model, engines in the CLI's process): n-gram
+speculation passes the greedy check; a planted broken sampler (every draft token accepted,
+``engines.planted``) fails the greedy check and the sampled two-sample test. The fuller
+figures (bf16 near-ties, draft-model speculation, sampled passes) come from
+``scripts/verify_check.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, small_job, write_job
+
+from batchspec.engines.planted import ACCEPT_ALL_ENV
+
+pytestmark = pytest.mark.engine
+
+BIASED = IN_PROCESS_ENGINE | {ACCEPT_ALL_ENV: "1"}
+
+
+def report(out: Path) -> dict:
+    (path,) = sorted((out / "verify").glob("report-*.json"))
+    return json.loads(path.read_text())
+
+
+def test_greedy_ngram_passes_and_a_planted_bias_fails(tmp_path: Path) -> None:
+    job = small_job(tmp_path, 1, sampling={"max_tokens": 16})
+    ok = run_cli("verify", str(job), "--rows", "6", env=IN_PROCESS_ENGINE)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "verify: pass" in ok.stdout
+    (check,) = report(tmp_path / "out")["checks"]
+    assert check["dtype"] == "float32" and check["rows"] == check["identical"] == 6
+    bad = run_cli("verify", str(job), "--rows", "6", "--output", str(tmp_path / "b"), env=BIASED)
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    assert "verify: FAIL" in bad.stdout
+    (check,) = report(tmp_path / "b")["checks"]
+    # float32 requires identity: every divergence is a failure, and each names its position
+    # and the target's margin there.
+    assert check["failures"] > 0 and check["near_ties"] == 0
+    assert all(d["position"] >= 1 for d in check["divergences"])
+
+
+def test_sampled_test_fails_a_planted_bias(tmp_path: Path, full: bool) -> None:
+    """One math prompt whose answer starts by quoting it ("Maria has ..."): n-gram drafts
+    exist from the second generated token on, and accepting them all moves that token's
+    distribution by a total variation of ~0.3, far above what 150 samples detect."""
+    if not full:
+        pytest.skip("about a minute of sampling: runs with --full")
+    df = pl.read_parquet(PROMPTS).filter(pl.col("id") == "math-0001")
+    df.write_parquet(tmp_path / "in.parquet")
+    job = job_dict(
+        tmp_path / "out",
+        input={"path": str(tmp_path / "in.parquet")},
+        model={"max_num_seqs": 32},
+        sampling={"temperature": 1.0},
+    )
+    path = write_job(tmp_path / "job.yaml", job)
+    args = ["--rows", "1", "--samples", "150", "--tokens", "2"]
+    bad = run_cli("verify", str(path), *args, env=BIASED)
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    (check,) = report(tmp_path / "out")["checks"]
+    assert check["check"] == "sampled" and check["rejected"] > 0
+    hit = next(t for t in check["details"] if t["p_holm"] < 0.05)
+    assert hit["position"] == 1 and hit["tv"] > hit["detectable_tv"] / 2
+
+
+def test_verify_refuses_a_job_without_speculation(tmp_path: Path) -> None:
+    job = small_job(tmp_path, 1, speculative={"method": "none"})
+    result = run_cli("verify", str(job))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "batchspec: error: speculative.method is none: there is no speculation to verify"
+    ]
