@@ -46,6 +46,20 @@ def write_synced(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def create_exclusive(path: Path, payload: bytes) -> bool:
+    """Create ``path`` holding ``payload`` unless it exists (O_EXCL: one creator wins, also
+    across hosts on NFSv3+); False when it existed."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, payload)
+    finally:
+        os.close(fd)
+    return True
+
+
 def is_abandoned(path: Path, max_age_s: float) -> bool:
     """A temporary whose writer died on this host, or that nobody touched for ``max_age_s``."""
     owner = temp_owner(path)
@@ -102,15 +116,7 @@ class FileLock:
         return self._create()
 
     def _create(self) -> bool:
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        try:
-            os.write(fd, self._payload)
-        finally:
-            os.close(fd)
-        return True
+        return create_exclusive(self.path, self._payload)
 
     def _stale(self) -> bool:
         try:

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from batchspec.io.layout import LEASE_SUFFIX, OutDir
+from batchspec.io.temps import create_exclusive
 
 
 def _process_start(pid: int) -> float | None:
@@ -164,14 +165,8 @@ class Leases(LeaseDir):
         self.progress_path = out.progress(worker)
 
     def _create(self, unit_id: str) -> bool:
-        try:
-            fd = os.open(self.path(unit_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
+        if not create_exclusive(self.path(unit_id), self._payload):
             return False
-        try:
-            os.write(fd, self._payload)
-        finally:
-            os.close(fd)
         with self._lock:
             self._held.add(unit_id)
         return True
