@@ -1,8 +1,8 @@
 """batchspec verify on real vLLM (the embedded model, engines in the CLI's process): n-gram
 speculation passes the greedy check; a planted broken sampler (every draft token accepted,
-``engines.planted``) fails the greedy check and the sampled two-sample test. The fuller
-figures (bf16 near-ties, draft-model speculation, sampled passes) come from
-``scripts/verify_check.py``."""
+``engines.planted``) fails the greedy check and the sampled two-sample test, which real
+n-gram speculation passes. The fuller figures (bf16, draft-model speculation, more prompts)
+come from ``scripts/verify_check.py``."""
 
 from __future__ import annotations
 
@@ -42,12 +42,12 @@ def test_greedy_ngram_passes_and_a_planted_bias_fails(tmp_path: Path) -> None:
     assert all(d["position"] >= 1 for d in check["divergences"])
 
 
-def test_sampled_test_fails_a_planted_bias(tmp_path: Path, full: bool) -> None:
+def test_sampled_ngram_passes_and_a_planted_bias_fails(tmp_path: Path) -> None:
     """One math prompt whose answer starts by quoting it ("Maria has ..."): n-gram drafts
-    exist from the second generated token on, and accepting them all moves that token's
-    distribution by a total variation of ~0.3, far above what 150 samples detect."""
-    if not full:
-        pytest.skip("about a minute of sampling: runs with --full")
+    exist from the second generated token on, where the target gives " has" 0.41 and
+    " gives" 0.40. Real speculation keeps that distribution (it did not before
+    ``engines.vllm_fixes``: vLLM's CPU build gave " has" 0.75 and " gives" 0); accepting
+    every draft moves it by a total variation of ~0.3, far above what 150 samples detect."""
     df = pl.read_parquet(PROMPTS).filter(pl.col("id") == "math-0001")
     df.write_parquet(tmp_path / "in.parquet")
     job = job_dict(
@@ -58,9 +58,13 @@ def test_sampled_test_fails_a_planted_bias(tmp_path: Path, full: bool) -> None:
     )
     path = write_job(tmp_path / "job.yaml", job)
     args = ["--rows", "1", "--samples", "150", "--tokens", "2"]
-    bad = run_cli("verify", str(path), *args, env=BIASED)
-    assert bad.returncode == 1, bad.stderr[-3000:]
+    ok = run_cli("verify", str(path), *args, env=IN_PROCESS_ENGINE)
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
     (check,) = report(tmp_path / "out")["checks"]
+    assert check["check"] == "sampled" and check["rejected"] == 0
+    bad = run_cli("verify", str(path), *args, "--output", str(tmp_path / "b"), env=BIASED)
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    (check,) = report(tmp_path / "b")["checks"]
     assert check["check"] == "sampled" and check["rejected"] > 0
     hit = next(t for t in check["details"] if t["p_holm"] < 0.05)
     assert hit["position"] == 1 and hit["tv"] > hit["detectable_tv"] / 2

@@ -1,0 +1,43 @@
+"""Fixes for vLLM bugs that break batchspec's promises, loaded by vLLM itself in every engine
+process through its ``vllm.general_plugins`` entry point (see pyproject.toml), so they reach
+the engine core wherever it runs.
+
+vLLM 0.32's CPU build samples speculatively with the wrong target distribution. Its CPU
+stand-in for the Triton ``expand_kernel`` (``vllm.utils.cpu_triton_utils._expand_kernel_impl``)
+converts the output tensor to a fresh int64 copy, lets the C++ kernel write into the copy and
+drops it. ``expand_batch_to_tokens`` hands it a ``new_empty`` float tensor, so the per-token
+temperatures (and top-k/top-p) that the rejection sampler divides the target's logits by are
+uninitialised memory: the target's probabilities at draft positions come out NaN, every draft
+is "rejected", and the recovered token that replaces it is the draft token itself. Greedy
+requests never reach this path. Measured with the embedded model (math-0001 at temperature 1,
+200 samples): "Maria has" 57 and "Maria gives" 0 times with n-gram speculation, against 29 and
+26 without. The replacement below is the kernel's definition in plain torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def expand_batch_to_tokens(
+    x: Any, cu_num_tokens: Any, num_tokens: int, replace_from: int = 0, replace_to: int = 0
+) -> Any:
+    """``[a, b, c]`` with cumulative counts ``[2, 5, 6]`` → ``[a, a, b, b, b, c]``, any dtype;
+    entries equal to ``replace_from`` become ``replace_to`` (greedy rows' temperature 0 → 1)."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1))
+    values = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    return torch.repeat_interleave(values, counts, output_size=num_tokens)
+
+
+def register() -> None:
+    """vLLM plugin hook: on the CPU platform, route the rejection sampler's expansion through
+    :func:`expand_batch_to_tokens`. GPU builds keep their Triton kernel."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.sample import rejection_sampler
+
+    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
