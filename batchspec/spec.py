@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from batchspec.errors import UserError
+from batchspec.spec_base import _Section, _shown
 from batchspec.spec_keys import (
     ENGINE_KEYS_SET,
     OUTPUT_NEUTRAL,
@@ -25,19 +26,9 @@ from batchspec.spec_keys import (
     SPECULATIVE_KEYS_SET,
     not_set_by_batchspec,
 )
+from batchspec.spec_tree import TreeSpec
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
-
-
-def _shown(default: str) -> dict[str, Any]:
-    """How the reference shows a default that is not a plain value (computed, or vLLM's)."""
-    return {"shown_default": default}
-
-
-class _Section(BaseModel):
-    """Base for every section: unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class InputSpec(_Section):
@@ -191,6 +182,11 @@ class SpeculativeSpec(_Section):
         "remaining work's predicted time that two engine starts for trying a never-measured "
         "neighbouring K may take",
     )
+    tree: TreeSpec | None = Field(
+        None,
+        description="draft trees instead of chains, on batchspec's own engine (see *Draft "
+        "trees*); the keys are listed below",
+    )
     extra: dict[str, Any] = Field(
         default_factory=dict,
         description="further `speculative_config` keys, passed through; not one that batchspec "
@@ -219,6 +215,11 @@ class SpeculativeSpec(_Section):
 
     @model_validator(mode="after")
     def _method_needs(self) -> SpeculativeSpec:
+        if self.tree is not None and self.method not in ("ngram", "none"):
+            raise ValueError(
+                f"tree: the tree engine drafts with ngram; method {self.method} runs on vLLM, "
+                "in chains (drop the tree key)"
+            )
         if self.method in ("draft_model", "eagle", "eagle3") and not self.model:
             raise ValueError(f"method {self.method} needs speculative.model (the draft)")
         if self.method == "ngram":

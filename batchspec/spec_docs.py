@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import get_args
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -42,6 +43,29 @@ def _default(info: FieldInfo) -> str:
 def _section_of(info: FieldInfo) -> type[BaseModel] | None:
     typ = info.annotation
     return typ if isinstance(typ, type) and issubclass(typ, BaseModel) else None
+
+
+def _optional_section(info: FieldInfo) -> type[BaseModel] | None:
+    """The section inside ``X | None`` (a nested, optional section such as ``speculative.tree``)."""
+    for arg in get_args(info.annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _nested(name: str, fields: dict[str, FieldInfo]) -> list[str]:
+    """A sub-table for each optional section inside a section."""
+    out: list[str] = []
+    for key, info in fields.items():
+        sub = _optional_section(info)
+        if sub is not None:
+            doc = " ".join((sub.__doc__ or "").split())
+            out += [f"#### `{name}.{key}`", "", doc, ""]
+            out += _table(
+                [(k, _default(f), f.description or "") for k, f in sub.model_fields.items()]
+            )
+            out += [""]
+    return out
 
 
 def _table(rows: list[tuple[str, str, str]]) -> list[str]:
@@ -76,7 +100,7 @@ def reference() -> str:
         out += [f"### `{name}`", "", doc, ""]
         fields = section.model_fields
         out += _table([(k, _default(f), f.description or "") for k, f in fields.items()])
-        out += [*_neutral_note(name, list(fields)), ""]
+        out += [*_neutral_note(name, list(fields)), "", *_nested(name, fields)]
     out += ["### top level", "", *_table(top), *_neutral_note("", [t[0] for t in top])]
     return "\n".join(out).replace("\n\n\n", "\n\n").rstrip() + "\n"
 

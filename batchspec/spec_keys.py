@@ -23,6 +23,7 @@ OUTPUT_NEUTRAL: frozenset[str] = frozenset(
         "speculative.adaptive",
         "speculative.k_grid",
         "speculative.explore",
+        "speculative.tree",
         "execution",
     }
 )

@@ -164,6 +164,7 @@ CHANGES: dict[str, list[str]] = {
     "speculative.adaptive": ["speculative.adaptive=false"],
     "speculative.k_grid": ["speculative.k_grid=[0, 3]"],
     "speculative.explore": ["speculative.explore=0.5"],
+    "speculative.tree": ["speculative.tree={branching: [2, 2]}"],
     "speculative.extra": ["speculative.extra={disable_padded_drafter_batch: true}"],
     "sampling.temperature": ["sampling.temperature=0.7"],
     "sampling.top_p": ["sampling.top_p=0.9"],

@@ -68,6 +68,11 @@ def format_report(report: dict[str, Any]) -> str:
 @click.option("--near-tie", type=click.FloatRange(min=0), default=None,
               help="Greedy jobs not in float32: largest margin (nats) a divergence may have "
               "to count as numerics [default: 4 x the logprob drift measured].")  # fmt: skip
+@click.option("--k", "k", type=click.IntRange(min=1), default=None,
+              help="Verify every domain at this K [default: the job's K per domain].")  # fmt: skip
+@click.option("--skip-float32", is_flag=True,
+              help="Greedy jobs: skip the float32 identity pass (models too big for float32); "
+              "the job's own dtype is still checked.")  # fmt: skip
 @set_option
 @user_errors
 def verify(
@@ -78,6 +83,8 @@ def verify(
     tokens: int,
     alpha: float,
     near_tie: float | None,
+    k: int | None,
+    skip_float32: bool,
     overrides: tuple[str, ...],
 ) -> None:
     """Check that JOB's speculation leaves the target's output distribution unchanged."""
@@ -86,11 +93,19 @@ def verify(
 
     spec = load_job(job, overrides, output)
     s = spec.speculative
+    ks = (
+        f"K={k}"
+        if k is not None
+        else f"K={s.num_speculative_tokens}"
+        + (f" (per domain: {s.per_domain})" if s.per_domain else "")
+    )
     click.echo(
-        f"verifying {s.method} K={s.num_speculative_tokens} against plain decoding "
+        f"verifying {s.method} {ks} against plain decoding "
         f"({spec.model.dtype}, temperature {spec.sampling.temperature:g})"
     )
-    report = run_verify(spec, rows, samples, tokens, alpha, near_tie, echo=click.echo)
+    report = run_verify(
+        spec, rows, samples, tokens, alpha, near_tie, click.echo, k, not skip_float32
+    )
     path = write_report(spec.output_dir, report)
     click.echo(format_report(report))
     click.echo(f"report: {path}")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from batchspec.engines import open_engine
+from batchspec.engines.vllm_args import on_cpu
 from batchspec.errors import UserError
 from batchspec.io.checks import preflight
 from batchspec.io.inputs import PromptBuilder
@@ -33,6 +34,11 @@ from batchspec.speculation.tune import ListSource, sample_units
 from batchspec.speculation.verify_checks import greedy_check, sampled_check
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 
+CPU_COPY_BLOCK = 32
+"""vLLM KV block size for sampled runs on CPU. Prefix caching keeps full blocks only, and the
+CPU build's default block of 128 tokens holds no whole prompt of ~70 tokens, so every copy was
+prefilled again: 150 copies of one 68-token prompt took 13.7 s at 128 and 1.4 s at 32 (the CPU
+attention's smallest). The block size does not change outputs."""
 LOGPROBS = 5
 """Top log-probabilities asked per position: the margin needs the target's logprob of the
 token speculation produced, which is its runner-up at a true near-tie."""
@@ -82,48 +88,65 @@ def run_rows(engine: Any, unit: WorkUnit, rows: list[RowRequest]) -> list[RowRes
 
 
 class _Runner:
-    """Opens the plain and the speculative engine of one spec, one at a time."""
+    """Opens the plain engine and one speculative engine per K in use, one at a time."""
 
-    def __init__(self, spec: JobSpec, rows: int, echo: Callable[[str], object]):
+    def __init__(
+        self, spec: JobSpec, rows: int, k: int | None, echo: Callable[[str], object]
+    ) -> None:
         self.spec = spec
-        self.k = spec.speculative.num_speculative_tokens
-        self.units, self.quota, self.tokenizer = pick_rows(spec, rows)
+        self.units, quota, self.tokenizer = pick_rows(spec, rows)
+        # Each domain at the K the job gives it (``speculative.per_domain``), or ``k`` for all;
+        # domains that run without speculation have nothing to verify.
+        self.ks = {d: spec.speculative.k_for(d) if k is None else k for d in quota}
+        self.quota = {d: n for d, n in quota.items() if self.ks[d] > 0}
+        if not self.quota:
+            raise UserError(
+                "speculative.per_domain: every sampled domain has K=0: nothing to verify"
+            )
         self.echo = echo
         self.engines: list[dict[str, Any]] = []
 
     def both(self, spec: JobSpec, copies: int = 1) -> tuple[list[RowResult], list[RowResult]]:
         """The sampled rows (each ``copies`` times in a row) through an engine without
-        speculation and one with the job's K. Rows carry no seed: with copies, the two
-        engines' own seeds differ, so their samples are independent (and vLLM 0.32 on CPU
-        fails seeded requests whose prefill is split: "CPU Generator does not use offset")."""
-        out = []
-        for k in (0, self.k):
-            run_spec = (
-                spec if k == 0 or copies == 1 else _with(spec, "model", seed=spec.model.seed + 1)
+        speculation and through one engine per K in use, results in the same order. Rows carry
+        no seed: with copies, the two runs' engine seeds differ, so their samples are
+        independent (and vLLM 0.32 on CPU fails seeded requests whose prefill is split: "CPU
+        Generator does not use offset")."""
+        plain = self._run(spec, 0, copies, list(self.quota))
+        by_k: dict[int, list[Any]] = {}
+        for d in self.quota:
+            by_k.setdefault(self.ks[d], []).append(d)
+        seeded = spec if copies == 1 else _with(spec, "model", seed=spec.model.seed + 1)
+        specul: dict[tuple[Any, int], RowResult] = {}
+        for k, domains in sorted(by_k.items()):
+            for i, res in enumerate(self._run(seeded, k, copies, domains)):
+                specul[(res.request.row_id, i % copies)] = res
+        return plain, [specul[(r.request.row_id, i % copies)] for i, r in enumerate(plain)]
+
+    def _run(self, spec: JobSpec, k: int, copies: int, domains: list[Any]) -> list[RowResult]:
+        engine = open_engine(spec, k, LOGPROBS if copies == 1 else None)
+        try:
+            quota = {d: self.quota[d] for d in domains}
+            units = [u for u in self.units if u.domain in quota]
+            base = build_requests(spec, units, quota, self.tokenizer, engine.max_model_len)
+            rows = [replace(r, seed=None) for r in base for _ in range(copies)]
+            started = time.perf_counter()
+            if copies > 1:
+                # Each prompt once first: its copies then find its prefill in vLLM's prefix
+                # cache (copies scheduled in one step cannot share it).
+                run_rows(engine, units[0], base)
+            out = run_rows(engine, units[0], rows)
+            took = time.perf_counter() - started
+            self.engines.append(
+                {"dtype": spec.model.dtype, "k": k, "method": engine.method, "rows": len(rows),
+                 "domains": [str(d) for d in domains], "build_s": engine.build_s, "run_s": took}
+            )  # fmt: skip
+            self.echo(
+                f"  {spec.model.dtype} {engine.method} K={k}: {len(rows)} rows in {took:.1f} s"
             )
-            engine = open_engine(run_spec, k, LOGPROBS if copies == 1 else None)
-            try:
-                base = build_requests(
-                    spec, self.units, self.quota, self.tokenizer, engine.max_model_len
-                )
-                rows = [replace(r, seed=None) for r in base for _ in range(copies)]
-                started = time.perf_counter()
-                if copies > 1:
-                    # Each prompt once first: its copies then find its prefill in vLLM's
-                    # prefix cache (copies scheduled in one step cannot share it).
-                    run_rows(engine, self.units[0], base)
-                out.append(run_rows(engine, self.units[0], rows))
-                took = time.perf_counter() - started
-                self.engines.append(
-                    {"dtype": spec.model.dtype, "k": k, "method": engine.method, "rows": len(rows),
-                     "build_s": engine.build_s, "run_s": took}
-                )  # fmt: skip
-                self.echo(
-                    f"  {spec.model.dtype} {engine.method} K={k}: {len(rows)} rows in {took:.1f} s"
-                )
-            finally:
-                engine.close()
-        return out[0], out[1]
+            return out
+        finally:
+            engine.close()
 
 
 def _with(spec: JobSpec, section: str, **values: Any) -> JobSpec:
@@ -131,11 +154,15 @@ def _with(spec: JobSpec, section: str, **values: Any) -> JobSpec:
     return spec.model_copy(update={section: part})
 
 
-def verify_greedy(runner: _Runner, near_tie: float | None) -> list[dict[str, Any]]:
-    """float32 (identity required), then the job's dtype when it is another one."""
+def verify_greedy(
+    runner: _Runner, near_tie: float | None, float32: bool = True
+) -> list[dict[str, Any]]:
+    """float32 (identity required; ``float32=False`` skips it, for models too big to run in
+    float32), then the job's dtype when it is another one."""
     own = runner.spec.model.dtype
     checks = []
-    for dtype in ["float32"] + ([own] if own != "float32" else []):
+    dtypes = (["float32"] if float32 else []) + ([own] if own != "float32" else [])
+    for dtype in dtypes or [own]:
         spec = _with(runner.spec, "model", dtype=dtype)
         plain, specul = runner.both(spec)
         checks.append(greedy_check(dtype, plain, specul, near_tie).summary())
@@ -144,6 +171,11 @@ def verify_greedy(runner: _Runner, near_tie: float | None) -> list[dict[str, Any
 
 def verify_sampled(runner: _Runner, samples: int, tokens: int, alpha: float) -> dict[str, Any]:
     spec = _with(runner.spec, "sampling", max_tokens=tokens)
+    vllm = spec.speculative.tree is None
+    if vllm and on_cpu() and "block_size" not in spec.model.engine_kwargs:
+        spec = _with(
+            spec, "model", engine_kwargs={**spec.model.engine_kwargs, "block_size": CPU_COPY_BLOCK}
+        )
     plain, specul = runner.both(spec, samples)
     prompts = []
     for p in range(len(plain) // samples):
@@ -160,21 +192,25 @@ def verify(
     alpha: float,
     near_tie: float | None,
     echo: Callable[[str], object] = print,
+    k: int | None = None,
+    float32: bool = True,
 ) -> dict[str, Any]:
-    """Run the checks the job's sampling calls for; the report (``passed`` says the verdict)."""
+    """Run the checks the job's sampling calls for; the report (``passed`` says the verdict).
+    ``k``: one K for every domain instead of the job's own (``per_domain`` or
+    ``num_speculative_tokens``)."""
     s = spec.speculative
-    if s.method == "none" or s.num_speculative_tokens == 0:
+    if s.method == "none":
         raise UserError("speculative.method is none: there is no speculation to verify")
-    runner = _Runner(spec, rows, echo)
+    runner = _Runner(spec, rows, k, echo)
     greedy = spec.sampling.temperature == 0
     if greedy:
-        checks = verify_greedy(runner, near_tie)
+        checks = verify_greedy(runner, near_tie, float32)
     else:
         checks = [verify_sampled(runner, samples, tokens, alpha)]
     return {
         "created": time.time(),
         "method": s.method,
-        "k": runner.k,
+        "k": {str(d): runner.ks[d] for d in runner.quota},
         "dtype": spec.model.dtype,
         "temperature": spec.sampling.temperature,
         "rows_per_domain": {str(d): n for d, n in runner.quota.items()},

@@ -1,0 +1,19 @@
+"""What every spec section shares: unknown keys are errors, and how the reference shows a
+default that is not a plain value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+def _shown(default: str) -> dict[str, Any]:
+    """How the reference shows a default that is not a plain value (computed, or vLLM's)."""
+    return {"shown_default": default}
+
+
+class _Section(BaseModel):
+    """Base for every section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)

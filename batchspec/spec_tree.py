@@ -1,0 +1,84 @@
+"""The ``speculative.tree`` section: draft trees, served by batchspec's own tree engine.
+
+vLLM drafts chains only (it removed tree attention in 2026), so a job with a ``tree`` key runs
+on ``engines/tree`` instead, with and without speculation. K keeps its meaning for the
+controller, ``tune`` and ``per_domain``: the number of draft tokens verified per step, here the
+tree's nodes below its root. The shape bounds where those nodes may go.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from batchspec.spec_base import _Section
+
+MAX_TREE_NODES = 64
+"""Draft nodes per step at most: one verify forward carries them all, per row."""
+
+
+class TreeShape(_Section):
+    """Where a tree's draft nodes may go; unset = a dynamic tree (the K best-ranked nodes)."""
+
+    branching: list[int] | None = Field(
+        None,
+        description="children per node at each depth at most, e.g. `[4, 2, 2, 1]` (depth = "
+        "its length): a static shape within which the K best-ranked nodes are drafted",
+    )
+    paths: list[list[int]] | None = Field(
+        None,
+        description="explicit node paths by child rank, as EAGLE/Medusa `choices`, e.g. "
+        "`[[0], [1], [0, 0]]`; every prefix of a path must be listed",
+    )
+    max_depth: int = Field(8, ge=1, le=MAX_TREE_NODES, description="deepest draft node")
+
+    @field_validator("branching")
+    @classmethod
+    def _branching(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(b < 1 for b in v)):
+            raise ValueError("branching must list one count >= 1 per depth")
+        return v
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, v: list[list[int]] | None) -> list[list[int]] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_TREE_NODES:
+            raise ValueError(f"paths: {len(v)} nodes, at most {MAX_TREE_NODES}")
+        known = {tuple(p) for p in v}
+        for p in v:
+            if not p or any(r < 0 for r in p):
+                raise ValueError(f"paths: {p} is not a list of child ranks >= 0")
+            if len(p) > 1 and tuple(p[:-1]) not in known:
+                raise ValueError(f"paths: {p} needs its parent {p[:-1]} listed too")
+        return v
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> TreeShape:
+        if self.branching is not None and self.paths is not None:
+            raise ValueError("set branching or paths, not both")
+        return self
+
+    def depth(self) -> int:
+        """How deep a draft may go under this shape."""
+        if self.branching is not None:
+            return min(self.max_depth, len(self.branching))
+        if self.paths is not None:
+            return min(self.max_depth, max(len(p) for p in self.paths))
+        return self.max_depth
+
+
+class TreeSpec(TreeShape):
+    """Draft trees (batchspec's tree engine, n-gram drafts): several candidates per position,
+    all verified in one forward pass. K (`num_speculative_tokens`, `per_domain`, the
+    controller's choice) is the number of draft nodes per step."""
+
+    per_domain: dict[str, TreeShape] = Field(
+        default_factory=dict, description="a shape per domain, e.g. `{code: {max_depth: 12}}`"
+    )
+
+    def shape_for(self, domain: str | None) -> TreeShape:
+        """The shape a domain's rows are drafted with."""
+        if domain is not None and domain in self.per_domain:
+            return self.per_domain[domain]
+        return self

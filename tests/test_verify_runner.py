@@ -1,0 +1,74 @@
+"""Which engines ``batchspec verify`` opens for which rows: the job's K per domain (or one
+``--k`` for all), domains without speculation left out, results paired row by row. The
+engines are doubles here (orchestration only); test_verify.py runs real vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import small_job
+
+from batchspec.errors import UserError
+from batchspec.spec_file import load_spec
+from batchspec.speculation import verify as verify_mod
+from batchspec.units import RowResult
+
+
+class EchoEngine:
+    """Answers every row with its own id and the engine's K, in the rows' order."""
+
+    method = "ngram"
+    build_s = 0.0
+    max_model_len = 1024
+
+    def __init__(self, opened: list[tuple[int, list[str]]], k: int):
+        self.k, self.opened = k, opened
+
+    def run(self, source: Any, should_abort: Any) -> Any:
+        while (unit := source.next_unit()) is not None:
+            self.opened.append((self.k, sorted({r.domain for r in unit.rows})))
+            results = [RowResult(r, text=f"{r.row_id}@{self.k}") for r in unit.rows]
+            yield type("Done", (), {"results": results})()
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[str]]]:
+    log: list[tuple[int, list[str]]] = []
+    monkeypatch.setattr(verify_mod, "open_engine", lambda spec, k, lp: EchoEngine(log, k))
+    return log
+
+
+def runner(tmp_path: Path, k: int | None = None, **per_domain: int) -> verify_mod._Runner:
+    spec = load_spec(small_job(tmp_path, 2, speculative={"per_domain": per_domain}))
+    return verify_mod._Runner(spec, 12, k, print)
+
+
+def test_each_domain_runs_at_its_own_k(tmp_path: Path, opened: list) -> None:
+    r = runner(tmp_path, math=5, qa=0)
+    plain, spec = r.both(r.spec, copies=2)
+    assert "qa" not in r.quota and r.ks["math"] == 5 and r.ks["code"] == 3
+    ks = {k: doms for k, doms in opened if k}
+    # The main pass runs each row once, then its copies.
+    assert opened[0][0] == 0 and "qa" not in opened[0][1]
+    assert ks[5] == ["math"] and "math" not in ks[3] and "qa" not in ks[3]
+    assert len(plain) == len(spec) == 2 * sum(r.quota.values())
+    for p, s in zip(plain, spec, strict=True):
+        assert p.request.row_id == s.request.row_id
+        assert s.text == f"{s.request.row_id}@{r.ks[s.request.domain]}"
+
+
+def test_one_k_for_every_domain(tmp_path: Path, opened: list) -> None:
+    r = runner(tmp_path, 2, math=5)
+    r.both(r.spec)
+    assert {k for k, _ in opened} == {0, 2}
+
+
+def test_nothing_to_verify_when_every_domain_is_off(tmp_path: Path) -> None:
+    zero = dict.fromkeys(["chat", "code", "math", "qa", "summarization", "translation"], 0)
+    with pytest.raises(UserError, match="nothing to verify"):
+        runner(tmp_path, **zero)
