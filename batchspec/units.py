@@ -64,6 +64,9 @@ class UnitRequests:
     """Rows the engine has finished so far (progress shown in leases and status)."""
     positions: list[int] | None = None
     """For a retry of error rows: where ``rows`` sit in the unit's committed part."""
+    finished_tokens: int = 0
+    """Output tokens of the ``finished`` rows (live progress: tokens/s before the unit commits;
+    an engine that does not count them shows tokens as units commit)."""
 
 
 @dataclass

@@ -60,7 +60,7 @@ def test_sbatch_script(tmp_path: Path) -> None:
         "#SBATCH --job-name=synth",
     ]:
         assert line in script.splitlines(), line
-    assert f"run /jobs/j.yaml --output {tmp_path} --set=sampling.seed=1 --no-progress &" in script
+    assert f"run /jobs/j.yaml --output {tmp_path} --set=sampling.seed=1 &" in script
     assert "--workers" not in script
     two = render_script(Path("/j.yaml"), out, [], SubmitOptions(gpus_per_task=8), 2)
     assert "--workers 2" in two and "trap" in two and "wait $worker" in two
@@ -91,7 +91,7 @@ def test_status_counts_units_by_state(tmp_path: Path) -> None:
     st = run_status(OutDir(tmp_path))
     assert (st.units_done, st.units_leased, st.units_failed, st.units_pending) == (2, 1, 1, 1)
     assert st.rows_done == 20 and not st.complete
-    assert st.workers[0]["worker"] == "w1" and st.workers[0]["rows_finished"] == 4
+    assert st.leases[0]["worker"] == "w1" and st.leases[0]["rows_finished"] == 4
     text = format_status(st)
     assert "units: 2/5 done, 1 leased, 1 pending, 1 failed" in text
     assert "rows: 20/50 committed (40.0%)" in text

@@ -1,4 +1,5 @@
-"""Command line: ``batchspec run | validate | tune | verify | report | status | slurm | models``.
+"""Command line: ``batchspec run | validate | tune | verify | status | report | export | slurm |
+models``.
 
 User mistakes (``UserError``) print one line and exit 2, with no traceback; everything else is
 a bug and keeps its traceback. Commands import the heavy parts (vLLM, polars) only when run.
@@ -10,7 +11,7 @@ import os
 
 import click
 
-from batchspec.cli import cluster, jobs, verify
+from batchspec.cli import cluster, jobs, observe, verify
 
 
 def _quiet_libraries() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     _quiet_libraries()
 
 
-for command in (jobs.run, jobs.validate, jobs.tune, jobs.report, cluster.status):
+for command in (jobs.run, jobs.validate, jobs.tune, observe.status, observe.report, observe.export):
     main.add_command(command)
 main.add_command(verify.verify)
 main.add_command(cluster.slurm)

@@ -1,4 +1,4 @@
-"""Commands about where and how a run goes: ``status``, ``slurm submit|status``, ``models``."""
+"""Commands about where and how a run goes: ``slurm submit|status``, ``models``."""
 
 from __future__ import annotations
 
@@ -15,39 +15,12 @@ from batchspec.cli.common import (
     set_option,
     user_errors,
 )
+from batchspec.cli.observe import existing_out, lease_timeout_option, out_argument, print_status
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 
 if TYPE_CHECKING:
     from batchspec.spec import JobSpec
-
-
-@click.command()
-@click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option(
-    "--lease-timeout",
-    type=float,
-    default=300.0,
-    show_default=True,
-    help="Leases older than this are reported stale.",
-)
-@user_errors
-def status(out_dir: str, lease_timeout: float) -> None:
-    """Units done / leased / pending / failed of a run, and Slurm tasks if it came from Slurm."""
-    _print_status(OutDir(out_dir), lease_timeout)
-
-
-def _print_status(out: OutDir, lease_timeout: float) -> None:
-    from batchspec.cluster.slurm import submitted_jobs, task_states
-    from batchspec.observe.status import format_status, run_status
-
-    if not out.root.is_dir():
-        raise UserError(f"{out}: no such output directory")
-    click.echo(format_status(run_status(out, lease_timeout)))
-    for job in submitted_jobs(out):
-        states = task_states(job["job_id"])
-        shown = ", ".join(f"{t}={s}" for t, s in sorted(states.items())) or "no longer known"
-        click.echo(f"slurm job {job['job_id']} ({job['tasks']} tasks): {shown}")
 
 
 @click.group()
@@ -157,12 +130,13 @@ def _check_submit(spec: JobSpec, gpus_per_task: int, signal_lead: int) -> None:
 
 
 @slurm.command("status")
-@click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--lease-timeout", type=float, default=300.0, show_default=True)
+@out_argument
+@lease_timeout_option
+@click.option("--json", "as_json", is_flag=True, help="The stable JSON form (README: status).")
 @user_errors
-def slurm_status(out_dir: str, lease_timeout: float) -> None:
+def slurm_status(out_dir: str, lease_timeout: float, as_json: bool) -> None:
     """Per-task Slurm state (squeue/sacct) and units done/leased/pending/failed."""
-    _print_status(OutDir(out_dir), lease_timeout)
+    print_status(existing_out(out_dir), lease_timeout, as_json)
 
 
 @click.group()

@@ -1,4 +1,4 @@
-"""The job commands: ``run``, ``validate``, ``tune``, ``report``."""
+"""The job commands: ``run``, ``validate``, ``tune``."""
 
 from __future__ import annotations
 
@@ -36,7 +36,14 @@ def _print_run(stats: RunStats) -> None:
 @output_option
 @limit_option
 @set_option
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-progress", is_flag=True, help="No progress bar or progress lines.")
+@click.option(
+    "--log-every",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="When stderr is not a terminal (Slurm logs, CI): seconds between progress lines.",
+)
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
@@ -56,6 +63,7 @@ def run(
     limit: int | None,
     overrides: tuple[str, ...],
     no_progress: bool,
+    log_every: float,
     workers: int,
     retry_errors: bool,
 ) -> None:
@@ -64,12 +72,15 @@ def run(
 
     spec = load_job(job, overrides, output)
     if workers == 1:
-        stats = run_job(spec, limit=limit, progress=not no_progress, retry_errors=retry_errors)
+        stats = run_job(
+            spec, limit, progress=not no_progress, retry_errors=retry_errors, log_every=log_every
+        )
     else:
         args = [job, "--output", str(spec.output_dir), *(f"--set={o}" for o in overrides)]
         args += ["--limit", str(limit)] if limit is not None else []
         args += ["--retry-errors"] if retry_errors else []
-        stats = _run_workers(spec, args, limit, retry_errors, workers, not no_progress)
+        progress = (not no_progress, log_every)
+        stats = _run_workers(spec, args, limit, retry_errors, workers, progress)
     _print_run(stats)
     if stats.units_failed:
         sys.exit(EXIT_UNITS_FAILED)
@@ -81,7 +92,7 @@ def _run_workers(
     limit: int | None,
     retry_errors: bool,
     workers: int,
-    progress: bool,
+    progress: tuple[bool, float],
 ) -> RunStats:
     """``run --workers N``: N worker processes of one run on this node, their stats summed."""
     from batchspec.cluster.launch import WorkerError, launch
@@ -103,7 +114,8 @@ def _run_workers(
             len(pre.units),
             len(todo),
             sum(u.num_rows for u in todo),
-            progress=progress,
+            progress=progress[0],
+            log_every=progress[1],
         )
     except WorkerError as exc:
         _print_run(exc.stats)
@@ -128,30 +140,17 @@ def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
     click.echo(f"domains: {domains}")
     click.echo(f"model: {pre.target_dir}")
     s = spec.speculative
-    if s.method == "none":
-        click.echo("speculation: off")
+    if s.tree is not None:
+        click.echo(
+            f"engine: batchspec's tree engine (speculative.tree; torch + transformers): "
+            f"{s.method} trees, K={s.num_speculative_tokens} draft nodes per step"
+        )
+    elif s.method == "none":
+        click.echo("engine: vLLM; speculation: off")
     else:
         draft = f", draft {pre.draft_dir} (tokenizer identical)" if pre.draft_dir else ""
-        click.echo(f"speculation: {s.method}, K={s.num_speculative_tokens}{draft}")
+        click.echo(f"engine: vLLM, {s.method} chains, K={s.num_speculative_tokens}{draft}")
     click.echo(f"output: {spec.output_dir}")
-
-
-@click.command()
-@click.argument("out_dir", type=click.Path(file_okay=False))
-@user_errors
-def report(out_dir: str) -> None:
-    """Per-domain table of a run's committed output and of the K controller's view."""
-    from batchspec.io.layout import OutDir
-    from batchspec.observe.report import domain_report
-
-    out = OutDir(out_dir)
-    if not out.root.is_dir():
-        raise UserError(f"{out_dir}: no such output directory")
-    rows, view, table = domain_report(out)
-    click.echo(f"{out}: {rows} rows committed")
-    if view is not None:
-        click.echo(f"K controller at batch {view[0]}: alpha per token, chosen K, tokens/s there")
-    click.echo(table)
 
 
 @click.command()

@@ -15,10 +15,9 @@ import sys
 import time
 import uuid
 
-from tqdm import tqdm
-
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
+from batchspec.work.live import LiveProgress
 from batchspec.work.runlog import RUN_ID_ENV, WORKER_ENV, RunStats, run_id, sum_runs
 
 
@@ -88,6 +87,7 @@ def launch(
     units_todo: int,
     total_rows: int,
     progress: bool,
+    log_every: float = 30.0,
 ) -> RunStats:
     """Start the workers, wait for all of them, and return their stats summed."""
     gpus = visible_gpus()
@@ -111,24 +111,18 @@ def launch(
                 p.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    # The workers' progress records, added up (O(workers) a refresh, no listing of parts).
     before = out.rows_committed()
-    bar = tqdm(
-        total=total_rows,
-        unit="row",
-        disable=not progress,
-        dynamic_ncols=True,
-        desc=f"generating ({workers} workers)",
-    )
+    mode = LiveProgress.mode_for(progress)
+    live = LiveProgress(None, out, before + total_rows, before, mode, log_every)
+    live.start()
     try:
         while any(p.poll() is None for p in procs):
             time.sleep(1.0)
-            bar.n = out.rows_committed() - before
-            bar.refresh()
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        bar.n = out.rows_committed() - before
-        bar.close()
+        live.close()
     failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
     stats = sum_runs(out, run, time.perf_counter() - started)
     stats.units_total = units_total

@@ -43,8 +43,8 @@ def render_script(
     job: Path, out: OutDir, run_args: list[str], opts: SubmitOptions, workers_per_task: int
 ) -> str:
     """The sbatch script: an array of workers of one run."""
+    # No terminal in a task: its log gets a progress line every --log-every seconds.
     cmd = [sys.executable, "-m", "batchspec", "run", str(job), "--output", str(out), *run_args]
-    cmd.append("--no-progress")
     if workers_per_task > 1:
         cmd += ["--workers", str(workers_per_task)]
     lines = [

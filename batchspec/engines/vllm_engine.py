@@ -101,9 +101,10 @@ class _Batch:
             if not out.finished:
                 continue
             pending, index = self.inflight.pop(out.request_id)
-            pending.results[index] = _row_result(pending.unit.rows[index], out)
+            row = pending.results[index] = _row_result(pending.unit.rows[index], out)
             pending.left -= 1
             pending.unit.finished += 1
+            pending.unit.finished_tokens += row.num_output_tokens or 0
 
     def finished(self) -> Iterator[UnitResult]:
         """Any unit whose rows are all back, in whatever order they finish: committing early

@@ -8,6 +8,9 @@ for a path rather than joining names of its own::
       manifest.json   spec hash, input fingerprint, limit, units: binds the directory to one run
       parts/          one Parquet file per committed work unit (<unit_id>.parquet)
       leases/         claims of units in flight (<unit_id>.lease), each worker's progress
+      progress/       one progress record per worker invocation (<worker>.json): counters and
+                      recent samples, kept after it ends (live progress, status)
+      job.json        the job spec of the latest run (export's dataset card, input order)
       failed/         units given up after repeated engine failures (<unit_id>.json)
       history/        earlier versions of parts replaced by --retry-errors
       runs/           one JSON log per worker invocation
@@ -107,6 +110,24 @@ class OutDir:
 
     def progress_files(self) -> list[Path]:
         return sorted(self.leases.glob("*.progress.json")) if self.leases.is_dir() else []
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.root / "progress"
+
+    def progress_record(self, worker: str) -> Path:
+        """A worker invocation's progress record (``work.progress``), kept after it ends."""
+        return self.progress_dir / f"{worker}.json"
+
+    def progress_records(self) -> list[Path]:
+        if not self.progress_dir.is_dir():
+            return []
+        return sorted(p for p in self.progress_dir.glob("*.json") if not p.name.startswith("."))
+
+    @property
+    def job_record(self) -> Path:
+        """The job spec the latest run used, with its input files (``batchspec export``)."""
+        return self.root / "job.json"
 
     @property
     def failed(self) -> Path:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from batchspec.io.layout import OutDir
+from batchspec.observe.scan import PARTS_PER_SCAN, Scan, scan_output, table_of, with_latency
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.shared import SharedStats, read_tuning, tuning_observations
 from batchspec.work.runlog import RunStats
@@ -13,90 +13,11 @@ from batchspec.work.runlog import RunStats
 ControllerView = tuple[int, dict[str | None, tuple[float | None, int, float | None]]]
 
 
-REPORT_COLUMNS = [
-    "domain",
-    "error",
-    "num_output_tokens",
-    "num_accepted_tokens",
-    "num_draft_tokens",
-    "num_spec_steps",
-    "num_speculative_tokens",
-    "spec_method",
-    "output_tokens_per_s",
-]
-"""The only output columns a report reads: never ``generated_text`` or pass-through columns."""
-
-
-PARTS_PER_SCAN = 256
-"""Parts aggregated together: memory is bounded by this many parts' report columns (polars'
-own streaming engine held ~0.9 GB for a median over 10M rows; this way holds ~0.1 GB)."""
-
-_SUMS = ["rows", "errors", "output_tokens", "ok_tokens", "ok_counted", "accepted", "drafted"]
-
-
-def _partial(rows: pl.DataFrame) -> pl.DataFrame:
-    """Per-domain sums of one batch of parts, to be added up across batches."""
-    ok = pl.col("error").is_null()
-    return rows.group_by("domain").agg(
-        pl.len().alias("rows"),
-        (~ok).sum().alias("errors"),
-        pl.col("num_output_tokens").sum().alias("output_tokens"),
-        pl.col("num_output_tokens").filter(ok).sum().alias("ok_tokens"),
-        pl.col("num_output_tokens").filter(ok).count().alias("ok_counted"),
-        pl.col("num_accepted_tokens").sum().alias("accepted"),
-        pl.col("num_draft_tokens").sum().alias("drafted"),
-        pl.col("num_spec_steps").sum().alias("steps"),
-        pl.col("num_speculative_tokens").drop_nulls().unique().alias("k_used"),
-        pl.col("spec_method").drop_nulls().unique().alias("methods"),
-    )
-
-
 def domain_table(out: OutDir) -> pl.DataFrame:
-    """Per domain: rows, error rows, tokens, acceptance α, mean accepted length, K used.
-
-    α is pooled (all accepted / all drafted tokens of the domain), not a mean of row rates,
-    so long rows weigh by what they drafted. Parts are read a batch at a time and only their
-    report columns: a 10M-row output is gigabytes of text that a report never needs.
-    """
-    parts = out.part_files()
-    partials, rates = [], {}
-    for i in range(0, len(parts), PARTS_PER_SCAN):
-        rows = pl.scan_parquet(parts[i : i + PARTS_PER_SCAN]).select(REPORT_COLUMNS).collect()
-        partials.append(_partial(rows))
-        speeds = rows.select("domain", "output_tokens_per_s").drop_nulls("output_tokens_per_s")
-        for (domain,), frame in speeds.partition_by("domain", as_dict=True).items():
-            rates.setdefault(domain, []).append(frame["output_tokens_per_s"].to_numpy())
-    if not partials:
-        return pl.DataFrame()
-    sums = (
-        pl.concat(partials)
-        .group_by("domain")
-        .agg(
-            *(pl.col(c).sum() for c in [*_SUMS, "steps"]),
-            pl.col("k_used").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(),
-            pl.col("methods").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(),
-        )
-    )
-    medians = pl.DataFrame(
-        {
-            "domain": list(rates),
-            "row_tokens_per_s": [float(np.median(np.concatenate(v))) for v in rates.values()],
-        },
-        schema={"domain": sums.schema["domain"], "row_tokens_per_s": pl.Float64},
-    )
-    # 0/0 (nothing drafted) is NaN in polars; reported as null, like the rows do.
-    return (
-        sums.with_columns(
-            (pl.col("ok_tokens") / pl.col("ok_counted")).alias("mean_output_tokens"),
-            (pl.col("accepted") / pl.col("drafted")).fill_nan(None).alias("acceptance_rate"),
-            (1 + pl.col("accepted") / pl.col("steps"))
-            .fill_nan(None)
-            .alias("mean_acceptance_length"),
-        )
-        .join(medians, on="domain", how="left", nulls_equal=True)
-        .drop("ok_tokens", "ok_counted", "accepted", "drafted", "steps")
-        .sort("domain", nulls_last=True)
-    )
+    """Per domain: rows, error rows, tokens, acceptance α, mean accepted length, K used
+    (``scan.table_of``). Parts are read a batch at a time and only their report columns: a
+    10M-row output is gigabytes of text that a report never needs."""
+    return table_of(scan_output(out, per_scan=PARTS_PER_SCAN))
 
 
 def controller_view(out: OutDir) -> ControllerView | None:
@@ -148,30 +69,34 @@ def _fmt(value: object, digits: int = 2) -> str:
     return str(value)
 
 
-def format_domain_table(table: pl.DataFrame) -> str:
-    """A fixed-width text table, one line per domain plus a total line."""
+_COLUMNS = [
+    ("domain", "domain", 2),
+    ("rows", "rows", 2),
+    ("errors", "errors", 2),
+    ("out_tok", "output_tokens", 2),
+    ("acc_rate", "acceptance_rate", 2),
+    ("mean_acc_len", "mean_acceptance_length", 2),
+    ("K_used", "k_used", 2),
+    ("row_tok/s", "row_tokens_per_s", 1),
+    ("p50_s", "latency_p50_s", 2),
+    ("p95_s", "latency_p95_s", 2),
+    ("alpha", "alpha", 2),
+    ("chosen_K", "chosen_k", 2),
+    ("tok/s", "tokens_per_s", 1),
+]
+"""Header, table column, digits; a column the table lacks is left out."""
+
+
+def format_domain_table(table: pl.DataFrame, markdown: bool = False) -> str:
+    """A fixed-width text table (or a Markdown one), one line per domain."""
     if table.is_empty():
         return "(no rows committed)"
-    header = ["domain", "rows", "errors", "out_tok", "acc_rate", "mean_acc_len", "K_used"]
-    header.append("row_tok/s")
-    controlled = "chosen_k" in table.columns
-    if controlled:
-        header += ["alpha", "chosen_K", "tok/s"]
-    lines = []
-    for r in table.iter_rows(named=True):
-        line = [
-            _fmt(r["domain"]),
-            _fmt(r["rows"]),
-            _fmt(r["errors"]),
-            _fmt(r["output_tokens"]),
-            _fmt(r["acceptance_rate"]),
-            _fmt(r["mean_acceptance_length"]),
-            _fmt(r["k_used"]),
-            _fmt(r["row_tokens_per_s"], 1),
-        ]
-        if controlled:
-            line += [_fmt(r["alpha"]), _fmt(r["chosen_k"]), _fmt(r["tokens_per_s"], 1)]
-        lines.append(line)
+    cols = [c for c in _COLUMNS if c[1] in table.columns]
+    header = [h for h, _, _ in cols]
+    lines = [[_fmt(r[c], d) for _, c, d in cols] for r in table.iter_rows(named=True)]
+    if markdown:
+        rule = ["---"] + ["---:"] * (len(header) - 1)
+        return "\n".join(f"| {' | '.join(cells)} |" for cells in [header, rule, *lines])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
 
     def row(cells: list[str]) -> str:
@@ -179,6 +104,15 @@ def format_domain_table(table: pl.DataFrame) -> str:
         return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in pairs)
 
     return "\n".join([row(header), *(row(line) for line in lines)])
+
+
+def full_report(out: OutDir) -> tuple[Scan, pl.DataFrame, ControllerView | None]:
+    """``batchspec report``: one pass over the parts with the extras (latency, acceptance
+    histograms, units over time), the table with latency and the controller's columns."""
+    scan = scan_output(out, extras=True, per_scan=PARTS_PER_SCAN)
+    view = controller_view(out)
+    table = with_controller(with_latency(table_of(scan), scan), view)
+    return scan, table, view
 
 
 def domain_report(out: OutDir) -> tuple[int, ControllerView | None, str]:

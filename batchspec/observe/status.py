@@ -1,20 +1,27 @@
-"""Run status from the output directory alone: units done, leased, pending, failed.
+"""Run status from the output directory alone: units, leases, rows, throughput, ETA, K.
 
-Reads only committed parts, leases, failure records and the manifest, so it is safe to run
-from any node while workers are running, and costs no engine.
+Reads committed parts' footers (row counts, each once), leases, failure records, the manifest
+and the workers' progress records (``work.progress``), so it is safe to run from any node
+while workers are running, during the run and after it, and costs no engine. ``status_json``
+is the documented, versioned form for dashboards and cron (README: "status --json").
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.io.manifest import read_manifest
-from batchspec.work.leases import LeaseDir
+from batchspec.work.leases import Holder, LeaseDir
+from batchspec.work.progress import RunTotals, acceptance, add_up, read_records
+
+STATUS_SCHEMA_VERSION = 1
+WINDOWS_S = (60, 300, 900)
+"""Throughput is given over the last 1, 5 and 15 minutes; the ETA uses the 5-minute rate."""
 
 
 @dataclass
@@ -28,8 +35,12 @@ class RunStatus:
     units_stale: int = 0
     """Leased by a worker that stopped renewing its lease: taken over by the next claimant."""
     units_failed: int = 0
-    workers: list[dict] = field(default_factory=list)
-    """Live workers' progress records: worker, units held, rows finished in them, age."""
+    leases: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    totals: RunTotals | None = None
+    throughput: list[dict[str, Any]] = field(default_factory=list)
+    eta_s: float | None = None
+    time: float = 0.0
 
     @property
     def units_pending(self) -> int:
@@ -39,56 +50,206 @@ class RunStatus:
     def complete(self) -> bool:
         return self.units_done >= self.units_total
 
+    @property
+    def state(self) -> str:
+        if self.complete:
+            return "complete"
+        return "running" if any(w["state"] == "live" for w in self.workers) else "stopped"
 
-def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
-    manifest = read_manifest(out)
-    if manifest is None:
-        raise UserError(f"{out}: no batchspec run here (no manifest.json)")
-    st = RunStatus(out.root, manifest.num_units, manifest.num_rows)
-    done = out.committed_units()
-    st.rows_done = out.rows_committed()
-    st.units_done = len(done)
-    leases = LeaseDir(out, lease_timeout_s)
-    for info in leases.all():
-        if info.unit_id in done:
-            continue
-        if leases.is_stale(info):
-            st.units_stale += 1
-        st.units_leased += 1
-    failed = out.failed.glob("*.json") if out.failed.is_dir() else []
-    st.units_failed = sum(1 for p in failed if p.name[: -len(".json")] not in done)
+
+def _lease_rows(out: OutDir, lease_timeout_s: float) -> dict[str, int]:
+    """Rows finished per open unit, from the live workers' lease progress records."""
+    import json
+
+    rows: dict[str, int] = {}
     for path in out.progress_files():
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        age = time.time() - data["time"]
-        if age > lease_timeout_s:
-            continue  # a worker that died without cleaning up
-        units = data["units"]
-        st.workers.append(
+        if time.time() - data["time"] <= lease_timeout_s:
+            rows.update(data["units"])
+    return rows
+
+
+def _units(st: RunStatus, out: OutDir, lease_timeout_s: float) -> None:
+    done = out.committed_units()
+    st.rows_done = out.rows_committed()
+    st.units_done = len(done)
+    leases = LeaseDir(out, lease_timeout_s)
+    finished = _lease_rows(out, lease_timeout_s)
+    for info in sorted(leases.all(), key=lambda i: i.unit_id):
+        if info.unit_id in done:
+            continue
+        stale = leases.is_stale(info)
+        st.units_stale += stale
+        st.units_leased += 1
+        holder = info.holder
+        st.leases.append(
             {
-                "worker": data["worker"],
-                "units": len(units),
-                "rows_finished": sum(units.values()),
-                "age_s": age,
+                "unit_id": info.unit_id,
+                "worker": holder.worker if holder else None,
+                "host": holder.host if holder else None,
+                "heartbeat_age_s": round(info.age_s, 1),
+                "stale": stale,
+                "rows_finished": finished.get(info.unit_id, 0),
             }
         )
+    failed = out.failed.glob("*.json") if out.failed.is_dir() else []
+    st.units_failed = sum(1 for p in failed if p.name[: -len(".json")] not in done)
+
+
+def _worker_state(record: dict[str, Any], now: float, lease_timeout_s: float) -> str:
+    """``ended`` cleanly; ``dead``: silent for the lease timeout, or its process is gone on
+    this host (killed); else ``live``."""
+    if record["ended"]:
+        return "ended"
+    holder = Holder(record["worker"], record["host"], record["pid"], None)
+    if now - record["time"] > lease_timeout_s or holder.is_dead_here():
+        return "dead"
+    return "live"
+
+
+def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
+    manifest = read_manifest(out)
+    if manifest is None:
+        raise UserError(f"{out}: no batchspec run here (no manifest.json)")
+    st = RunStatus(out.root, manifest.num_units, manifest.num_rows, time=time.time())
+    records = read_records(out)
+    _units(st, out, lease_timeout_s)
+    live = set()
+    for r in records:
+        state = _worker_state(r, st.time, lease_timeout_s)
+        live |= {r["worker"]} if state == "live" else set()
+        st.workers.append(
+            {
+                "worker": r["worker"],
+                "run_id": r["run_id"],
+                "host": r["host"],
+                "pid": r["pid"],
+                "state": state,
+                "updated_s_ago": round(st.time - r["time"], 1),
+                "units_committed": r["units_committed"],
+                "rows_committed": r["rows_committed"],
+                "units_open": r["open"]["units"] if state == "live" else 0,
+                "rows_finished_open": r["open"]["rows_finished"] if state == "live" else 0,
+                "k": r["open"]["k"] if state == "live" else None,
+            }
+        )
+    counted = sum(r["rows_committed"] for r in records)
+    st.totals = add_up(records, st.rows_total, max(st.rows_done - counted, 0), live)
+    # After the run (no live worker), rates are of its last minutes, not of the idle time since.
+    end = st.time if live or not records else max(r["time"] for r in records)
+    for window in WINDOWS_S:
+        rows_s, tokens_s, span = st.totals.rates(records, end, window)
+        st.throughput.append(
+            {
+                "window_s": window,
+                "end": end,
+                "measured_s": round(span, 1),
+                "rows_per_s": rows_s,
+                "output_tokens_per_s": tokens_s,
+            }
+        )
+    rate = st.throughput[1]["rows_per_s"]
+    st.eta_s = 0.0 if st.complete else st.totals.eta_s(rate if live else None)
     return st
 
 
+def _domains(totals: RunTotals) -> list[dict[str, Any]]:
+    rows = []
+    for domain, d in sorted(totals.domains.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
+        rate, length = acceptance(d)
+        rows.append(
+            {
+                "domain": domain,
+                "rows": d["rows"],
+                "error_rows": d["errors"],
+                "output_tokens": d["output_tokens"],
+                "acceptance_rate": rate,
+                "mean_acceptance_length": length,
+                "k_in_use": d["k_in_use"],
+                "k_last": d["k_last"],
+            }
+        )
+    return rows
+
+
+def status_json(st: RunStatus, slurm: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The stable JSON form (``STATUS_SCHEMA_VERSION``; every field is in the README)."""
+    t = st.totals or RunTotals(st.rows_total)
+    return {
+        "schema_version": STATUS_SCHEMA_VERSION,
+        "out_dir": str(st.out_dir),
+        "time": st.time,
+        "state": st.state,
+        "units": {
+            "total": st.units_total,
+            "done": st.units_done,
+            "leased": st.units_leased,
+            "stale": st.units_stale,
+            "pending": st.units_pending,
+            "failed": st.units_failed,
+        },
+        "rows": {
+            "total": st.rows_total,
+            "committed": st.rows_done,
+            "finished_uncommitted": t.rows_open,
+            "error_rows": t.error_rows,
+        },
+        "output_tokens": t.output_tokens,
+        "throughput": st.throughput,
+        "eta_s": st.eta_s,
+        "leases": st.leases,
+        "workers": st.workers,
+        "domains": _domains(t),
+        "slurm": slurm or [],
+    }
+
+
+def engine(k: int | None) -> str:
+    return "no engine yet" if k is None else f"K={k}"
+
+
+def _rate(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def format_status(st: RunStatus) -> str:
+    t = st.totals or RunTotals(st.rows_total)
     pct = 100.0 * st.rows_done / st.rows_total if st.rows_total else 100.0
+    eta = "-" if st.eta_s is None else f"{st.eta_s / 60:.1f} min"
     lines = [
-        f"{st.out_dir}: {'complete' if st.complete else 'in progress'}",
+        f"{st.out_dir}: {st.state}",
         f"units: {st.units_done}/{st.units_total} done, {st.units_leased} leased"
         f"{f' ({st.units_stale} stale)' if st.units_stale else ''}, {st.units_pending} pending, "
         f"{st.units_failed} failed",
-        f"rows: {st.rows_done}/{st.rows_total} committed ({pct:.1f}%)",
+        f"rows: {st.rows_done}/{st.rows_total} committed ({pct:.1f}%), {t.error_rows} error rows",
+        "throughput: "
+        + ", ".join(
+            f"last {w['window_s'] // 60} min {_rate(w['output_tokens_per_s'])} tok/s "
+            f"{_rate(w['rows_per_s'], 2)} rows/s"
+            for w in st.throughput
+        )
+        + f"; ETA {eta}",
     ]
-    for w in st.workers:
+    for lease in st.leases:
+        age = lease["heartbeat_age_s"]
         lines.append(
-            f"  worker {w['worker']}: {w['units']} units open, {w['rows_finished']} "
-            f"rows finished in them (updated {w['age_s']:.0f} s ago)"
+            f"  lease {lease['unit_id']}: {lease['worker']} (heartbeat {age:.0f} s ago"
+            f"{', stale' if lease['stale'] else ''}), {lease['rows_finished']} rows finished"
+        )
+    for w in st.workers:
+        if w["state"] == "live":
+            lines.append(
+                f"  worker {w['worker']}: live, {engine(w['k'])}, {w['units_open']} units open, "
+                f"{w['rows_committed']} rows committed (updated {w['updated_s_ago']:.0f} s ago)"
+            )
+    for d in _domains(t):
+        k = ",".join(map(str, d["k_in_use"])) or f"{d['k_last']} (last)"
+        lines.append(
+            f"  domain {d['domain'] or '-'}: {d['rows']} rows, {d['error_rows']} errors, "
+            f"acceptance {_rate(d['acceptance_rate'], 2)}, mean length "
+            f"{_rate(d['mean_acceptance_length'], 2)}, K {k}"
         )
     return "\n".join(lines)

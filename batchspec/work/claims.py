@@ -202,6 +202,10 @@ class ClaimingSource:
     def wait(self) -> None:
         time.sleep(1.0 if self._linger_since is not None else 0.05)
 
+    def open_units(self) -> list[UnitRequests]:
+        """The units handed to the engine and not yet back (live progress reads their rows)."""
+        return list(self.open.values())
+
     def progress(self) -> dict[str, int]:
         """Rows finished per open unit (for the heartbeat's progress record)."""
         return {uid: r.finished for uid, r in list(self.open.items())}

@@ -13,9 +13,11 @@ import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from batchspec.io.layout import OutDir
+from batchspec.io.layout import OutDir, temp_name
+from batchspec.spec import JobSpec
 
 RUN_ID_ENV = "BATCHSPEC_RUN_ID"
 WORKER_ENV = "BATCHSPEC_WORKER_INDEX"
@@ -95,6 +97,23 @@ def write_run_log(out: OutDir, stats: RunStats) -> None:
     name = f"{time.strftime('%Y%m%dT%H%M%S')}-{stats.worker}.json"
     data = asdict(stats) | {"output_tokens_per_s": stats.output_tokens_per_s}
     (out.runs / name).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def write_job_record(out: OutDir, spec: JobSpec, files: list[Path], limit: int | None) -> None:
+    """``OUT/job.json``: the spec as this run read it (with its folder, for relative paths),
+    the input files and the limit, so that ``batchspec export`` can find the input order and
+    describe the job without the spec file. Rewritten by every run (the manifest ensures they
+    agree on everything that shapes the rows)."""
+    data = {
+        "spec": spec.model_dump(mode="json"),
+        "base_dir": spec.base_dir,
+        "input_files": [str(f) for f in files],
+        "limit": limit,
+        "time": time.time(),
+    }
+    tmp = temp_name(out.job_record)
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, out.job_record)
 
 
 def run_logs(out: OutDir) -> list[dict[str, Any]]:

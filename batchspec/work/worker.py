@@ -12,8 +12,6 @@ from __future__ import annotations
 import threading
 import time
 
-from tqdm import tqdm
-
 from batchspec.engines import Engine, EngineFailure, open_engine
 from batchspec.io.checks import Preflight, preflight
 from batchspec.io.inputs import PromptBuilder
@@ -29,7 +27,15 @@ from batchspec.speculation.shared import job_tuning
 from batchspec.units import UnitResult, WorkUnit
 from batchspec.work.claims import ClaimingSource, Claims, FailureLog
 from batchspec.work.leases import Leases
-from batchspec.work.runlog import RunStats, run_id, worker_name, write_run_log
+from batchspec.work.live import LiveProgress
+from batchspec.work.progress import ProgressLog
+from batchspec.work.runlog import (
+    RunStats,
+    run_id,
+    worker_name,
+    write_job_record,
+    write_run_log,
+)
 from batchspec.work.scheduler import Scheduler
 from batchspec.work.stopping import StopFlag
 
@@ -61,15 +67,21 @@ class Worker:
         self.tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
         self.reader = pre.reader
         self._source: ClaimingSource | None = None
-
-    def run(self, progress: bool) -> None:
-        bar = tqdm(
-            total=sum(self.scheduler.rows.values()),
-            unit="row",
-            disable=not progress,
-            dynamic_ncols=True,
-            desc="generating",
+        self.record = ProgressLog(self.out, name, stats.run_id)
+        todo_ids = {u.unit_id for u in todo}
+        self.rows_total = sum(u.num_rows for u in pre.units)
+        self.rows_before = sum(
+            u.num_rows for u in pre.units if u.unit_id not in todo_ids or u.unit_id in error_rows
         )
+        """Rows committed when this worker started (those no progress record counts)."""
+
+    def run(self, progress: str = "off", log_every: float = 30.0) -> None:
+        """Run to the end; ``progress``: ``bar``, ``log`` (a line every ``log_every`` s) or
+        ``off`` (``LiveProgress``)."""
+        live = LiveProgress(
+            self.record, self.out, self.rows_total, self.rows_before, progress, log_every
+        )
+        live.start()
         self.leases.start()
         threading.Thread(target=self._on_stop, name="stop-release", daemon=True).start()
         engine: Engine | None = None
@@ -80,13 +92,13 @@ class Worker:
                     if engine is not None and engine.k != k:
                         self._close(engine)
                         engine = None
-                    engine = self._run_group(k, first, engine, bar)
+                    engine = self._run_group(k, first, engine)
         finally:
             if engine is not None:
                 self._close(engine)
             self.leases.stop()
             self.leases.release_all()
-            bar.close()
+            live.close()
             self.stats.stopped_by_signal = self.stop.stopping
 
     def _progress(self) -> dict[str, int]:
@@ -99,9 +111,7 @@ class Worker:
         if self._source is not None:
             self._source.release_unstarted()
 
-    def _run_group(
-        self, k: int, first: WorkUnit | None, engine: Engine | None, bar: tqdm
-    ) -> Engine | None:
+    def _run_group(self, k: int, first: WorkUnit | None, engine: Engine | None) -> Engine | None:
         """Units at one K, as long as the scheduler gives them; returns the engine, still up
         for the next group.
 
@@ -135,8 +145,9 @@ class Worker:
             ex.max_unit_attempts,
         )
         self._source = source
+        self.record.watch(source.open_units, k)
         while True:
-            failure = self._drive(engine, source, bar)
+            failure = self._drive(engine, source)
             if failure is None:
                 # Aborted at the shutdown deadline: hand back what is left.
                 self.stats.units_abandoned += source.abandon_all()
@@ -147,7 +158,7 @@ class Worker:
                 return None
             engine = self._build(k)
 
-    def _drive(self, engine: Engine, source: ClaimingSource, bar: tqdm) -> str | None:
+    def _drive(self, engine: Engine, source: ClaimingSource) -> str | None:
         """Run the engine on the source and commit what it yields; the failure, if it died."""
         record = {
             "method": engine.method,
@@ -163,7 +174,6 @@ class Worker:
                 if whole is not None:
                     record["units"] += 1
                     record["output_tokens"] += self._commit(whole, source, result is whole)
-                    bar.update(len(whole.results))
         except EngineFailure as exc:
             record["failure"] = str(exc)
         finally:
@@ -211,7 +221,12 @@ class Worker:
             self.stats.units_committed += 1
         if outcome is Commit.COMMITTED:
             self.failures.clear(unit_id)
-        source.done(unit_id)
+        positions = result.unit_requests.positions
+        replaced = None if positions is None else len(positions)
+        if outcome is Commit.DISCARDED:
+            source.done(unit_id)
+        else:
+            self.record.committed(result, replaced, close=lambda: source.done(unit_id))
         if learn:
             ob = Observation.from_result(result, self.spec.model.max_num_seqs)
             self.scheduler.policy.observe(ob)
@@ -235,15 +250,21 @@ def prepare_run(
     done = out.committed_units()
     errors = units_with_errors(out) if retry_errors else set()
     todo = [u for u in pre.units if u.unit_id not in done or u.unit_id in errors]
+    write_job_record(out, spec, pre.files, limit)
     pre.reader.stage(out, todo)  # input files with large row groups, once per output dir
     return pre, todo, errors
 
 
 def run_job(
-    spec: JobSpec, limit: int | None = None, progress: bool = True, retry_errors: bool = False
+    spec: JobSpec,
+    limit: int | None = None,
+    progress: bool | str = True,
+    retry_errors: bool = False,
+    log_every: float = 30.0,
 ) -> RunStats:
     """Run one worker over the job: generate every unit that has no part and that it can claim
-    (and, with ``retry_errors``, the error rows of committed units)."""
+    (and, with ``retry_errors``, the error rows of committed units). ``progress``: True for a
+    bar on a terminal and a line every ``log_every`` s elsewhere, or a ``LiveProgress`` mode."""
     started = time.perf_counter()
     pre, todo, error_rows = prepare_run(spec, limit, retry_errors)
     stats = RunStats(
@@ -258,7 +279,8 @@ def run_job(
         stats.wall_s = time.perf_counter() - started
         return stats
     try:
-        Worker(spec, pre, todo, error_rows, stats).run(progress)
+        mode = LiveProgress.mode_for(progress) if isinstance(progress, bool) else progress
+        Worker(spec, pre, todo, error_rows, stats).run(mode, log_every)
     finally:
         stats.wall_s = time.perf_counter() - started
         write_run_log(OutDir(spec.output_dir), stats)

@@ -1,0 +1,120 @@
+"""Commands that look at a run: ``status``, ``report``, ``export``. None starts an engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from batchspec.cli.common import user_errors
+from batchspec.errors import UserError
+from batchspec.io.layout import OutDir
+
+out_argument = click.argument("out_dir", type=click.Path(file_okay=False))
+
+
+def existing_out(out_dir: str) -> OutDir:
+    out = OutDir(out_dir)
+    if not out.root.is_dir():
+        raise UserError(f"{out_dir}: no such output directory")
+    return out
+
+
+def print_status(out: OutDir, lease_timeout: float, as_json: bool) -> None:
+    """``status`` and ``slurm status``: the run, then the Slurm tasks if it came from Slurm."""
+    from batchspec.cluster.slurm import submitted_jobs, task_states
+    from batchspec.observe.status import format_status, run_status, status_json
+
+    st = run_status(out, lease_timeout)
+    slurm = [
+        {"job_id": job["job_id"], "tasks": job["tasks"], "states": task_states(job["job_id"])}
+        for job in submitted_jobs(out)
+    ]
+    if as_json:
+        click.echo(json.dumps(status_json(st, slurm), indent=2))
+        return
+    click.echo(format_status(st))
+    for job in slurm:
+        states = job["states"]
+        shown = ", ".join(f"{t}={s}" for t, s in sorted(states.items())) or "no longer known"
+        click.echo(f"slurm job {job['job_id']} ({job['tasks']} tasks): {shown}")
+
+
+lease_timeout_option = click.option(
+    "--lease-timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Leases (and workers' progress records) older than this are reported stale (dead).",
+)
+
+
+@click.command()
+@out_argument
+@lease_timeout_option
+@click.option("--json", "as_json", is_flag=True, help="The stable JSON form (README: status).")
+@user_errors
+def status(out_dir: str, lease_timeout: float, as_json: bool) -> None:
+    """Units done / leased / pending / failed, rows, throughput, ETA and K per domain."""
+    print_status(existing_out(out_dir), lease_timeout, as_json)
+
+
+@click.command()
+@out_argument
+@click.option("--plots", type=click.Path(file_okay=False), help="Write PNG plots into DIR.")
+@click.option("--markdown", is_flag=True, help="The table in Markdown.")
+@user_errors
+def report(out_dir: str, plots: str | None, markdown: bool) -> None:
+    """Per-domain table of a run's committed output (with the K controller's view), and plots."""
+    from batchspec.observe.report import format_domain_table, full_report
+
+    out = existing_out(out_dir)
+    scan, table, view = full_report(out)
+    rows = int(table["rows"].sum()) if not table.is_empty() else 0
+    if not markdown:
+        click.echo(f"{out}: {rows} rows committed")
+        if view is not None:
+            click.echo(f"K controller at batch {view[0]}: alpha per token, chosen K, tokens/s")
+    click.echo(format_domain_table(table, markdown=markdown))
+    if plots is not None:
+        if table.is_empty():
+            raise UserError(f"{out}: no rows committed; nothing to plot")
+        from batchspec.observe.plots import write_plots
+
+        for path in write_plots(scan, table, Path(plots)):
+            click.echo(f"plot: {path}", err=markdown)
+
+
+@click.command()
+@out_argument
+@click.option("--to", "dest", required=True, type=click.Path(), help="New dataset folder.")
+@click.option(
+    "--include-errors/--drop-errors",
+    default=True,
+    show_default=True,
+    help="Keep error rows (error set, generation columns null) or leave them out.",
+)
+@click.option("--allow-unfinished", is_flag=True, help="Export what is committed so far.")
+@click.option(
+    "--shard-mb",
+    type=click.FloatRange(min=0.01),
+    default=500.0,
+    show_default=True,
+    help="Largest shard size in MB (zstd Parquet).",
+)
+@user_errors
+def export(
+    out_dir: str, dest: str, include_errors: bool, allow_unfinished: bool, shard_mb: float
+) -> None:
+    """Write OUT_DIR's rows as one Hugging Face dataset (Parquet shards, dataset card)."""
+    from batchspec.observe.export import export_dataset
+
+    out = existing_out(out_dir)
+    r = export_dataset(out, Path(dest), include_errors, allow_unfinished, shard_mb)
+    errors = "kept" if include_errors else "left out"
+    missing = f", {r.missing_rows} rows not generated yet" if r.missing_rows else ""
+    click.echo(
+        f"exported {r.rows} rows in input order to {r.dest} ({r.shards} shard(s), "
+        f"{r.bytes / 1e6:.1f} MB; {r.error_rows} error rows {errors}{missing})"
+    )

@@ -1,0 +1,134 @@
+"""run → status → report → export on one real run of the embedded model (in-process engine):
+12 prompts, domains interleaved row by row, so that every chunk's rows lie in several parts
+and export has to put them back in input order."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import polars as pl
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from click.testing import CliRunner
+from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, write_job
+
+from batchspec.cli import main
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """(input file, output directory, the run's stderr): 2 rows per domain, interleaved."""
+    tmp = tmp_path_factory.mktemp("observe")
+    df = pl.read_parquet(PROMPTS).group_by("domain", maintain_order=True).head(2)
+    rank = pl.int_range(pl.len()).over("domain").alias("rank")
+    df.with_columns(rank).sort("rank", "domain").drop("rank").write_parquet(tmp / "in.parquet")
+    job = job_dict(tmp / "out", input={"path": str(tmp / "in.parquet")})
+    job["output"]["unit_rows"] = 4
+    job["sampling"]["max_tokens"] = 16
+    path = write_job(tmp / "job.yaml", job)
+    result = run_cli("run", str(path), "--log-every", "1", env=IN_PROCESS_ENGINE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tmp / "in.parquet", tmp / "out", result.stderr
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_progress_lines_count_rows_of_the_run(done_run: tuple[Path, Path, str]) -> None:
+    """stderr is no terminal here: one summary line per --log-every, the last one complete."""
+    _, _, stderr = done_run
+    lines = [line for line in stderr.splitlines() if line.startswith("progress: ")]
+    assert lines, stderr[-2000:]
+    done = [int(m.group(1)) for m in (re.match(r"progress: (\d+)/12 rows", x) for x in lines)]
+    assert done == sorted(done) and done[-1] == 12
+    assert "(100.0%)" in lines[-1] and "0 error rows" in lines[-1] and "ETA 0:00:00" in lines[-1]
+    assert all(f" {d} " in lines[-1] for d in ["chat", "code", "math", "qa", "translation"])
+    assert "K3" in lines[-1]
+
+
+def test_status_json_after_the_run(done_run: tuple[Path, Path, str]) -> None:
+    _, out, _ = done_run
+    code, stdout, _ = cli("status", str(out), "--json")
+    assert code == 0
+    st = json.loads(stdout)
+    assert st["schema_version"] == 1 and st["state"] == "complete"
+    assert st["units"]["done"] == st["units"]["total"] and st["units"]["pending"] == 0
+    assert st["rows"] == {"total": 12, "committed": 12, "finished_uncommitted": 0, "error_rows": 0}
+    parts = pl.read_parquet(out / "parts")
+    assert st["output_tokens"] == parts["num_output_tokens"].sum()
+    assert [w["state"] for w in st["workers"]] == ["ended"] and st["leases"] == []
+    assert st["eta_s"] == 0.0 and st["throughput"][0]["output_tokens_per_s"] > 0
+    by_domain = {d["domain"]: d for d in st["domains"]}
+    assert set(by_domain) == set(parts["domain"]) and all(d["rows"] == 2 for d in st["domains"])
+    sums = parts.group_by("domain").agg(pl.col("num_accepted_tokens", "num_draft_tokens").sum())
+    for d in sums.iter_rows(named=True):
+        drafted = d["num_draft_tokens"]
+        want = d["num_accepted_tokens"] / drafted if drafted else None
+        assert by_domain[d["domain"]]["acceptance_rate"] == pytest.approx(want), d
+        assert by_domain[d["domain"]]["k_last"] == 3 and by_domain[d["domain"]]["k_in_use"] == []
+    code, text, _ = cli("status", str(out))
+    assert code == 0 and "complete" in text and "rows: 12/12 committed (100.0%)" in text
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_markdown_and_plots(done_run: tuple[Path, Path, str], tmp_path: Path) -> None:
+    _, out, _ = done_run
+    code, stdout, _ = cli("report", str(out), "--markdown", "--plots", str(tmp_path / "plots"))
+    assert code == 0
+    lines = stdout.splitlines()
+    assert lines[0].startswith("| domain | rows | errors | out_tok | acc_rate | mean_acc_len")
+    assert "p50_s | p95_s" in lines[0] and len(lines) == 2 + 6
+    assert all(line.split(" | ")[1] == "2" for line in lines[2:])
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert names == [
+        "acceptance_by_domain.png",
+        "acceptance_histograms.png",
+        "k_over_time.png",
+        "latency.png",
+        "throughput_over_time.png",
+    ]
+    for name in names:
+        width, height = png_size(tmp_path / "plots" / name)
+        assert 600 <= width <= 2000 and 300 <= height <= 1500, (name, width, height)
+        assert (tmp_path / "plots" / name).stat().st_size > 15_000, name
+
+
+def test_export_is_the_input_in_order(done_run: tuple[Path, Path, str], tmp_path: Path) -> None:
+    inp, out, _ = done_run
+    dest = tmp_path / "dataset"
+    code, stdout, _ = cli("export", str(out), "--to", str(dest))
+    assert code == 0 and "exported 12 rows in input order" in stdout
+    files = sorted(p.name for p in (dest / "data").iterdir())
+    assert files == ["train-00000-of-00001.parquet"]
+    assert pq.ParquetFile(dest / "data" / files[0]).metadata.row_group(0).column(0).compression == (
+        "ZSTD"
+    )
+    got = pads.dataset(dest / "data", format="parquet").to_table()
+    assert got.column("id").to_pylist() == pq.read_table(inp).column("id").to_pylist()
+    parts = pl.read_parquet(out / "parts")
+    texts = dict(zip(parts["id"], parts["generated_text"], strict=True))
+    assert got.column("generated_text").to_pylist() == [
+        texts[i] for i in got.column("id").to_pylist()
+    ]
+    card = (dest / "README.md").read_text()
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["configs"] == [
+        {"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*"}]}
+    ]
+    assert "| domain | rows |" in card and "`ngram`" in card and "unit_rows: 4" in card
+    code, _, stderr = cli("export", str(out), "--to", str(dest))
+    assert code == 2 and stderr.count("\n") == 1 and "not empty" in stderr
