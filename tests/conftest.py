@@ -79,6 +79,8 @@ LONGEST_FIRST = [
     "test_adaptive.py",
     "test_tune.py",
     "test_verify.py",
+    "test_tree_engine.py",
+    "test_observe_run.py",
 ]
 """The files that start engines, longest first (as measured): parallel workers take files in
 collection order, and a long file taken last would leave the other worker idle. Order only."""

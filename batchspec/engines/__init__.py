@@ -14,7 +14,12 @@ __all__ = ["Engine", "EngineFailure", "UnitSource", "open_engine"]
 
 def open_engine(spec: JobSpec, k: int, logprobs: int | None = None) -> Engine:
     """Start the engine that serves ``spec`` with K speculative tokens (0: none); with
-    ``logprobs``, its results carry the target's top log-probabilities per position."""
+    ``logprobs``, its results carry the target's top log-probabilities per position. Jobs
+    with a ``speculative.tree`` run on batchspec's tree engine, the others on vLLM."""
+    if spec.speculative.tree is not None:
+        from batchspec.engines.tree.engine import TreeEngine
+
+        return TreeEngine(spec, k, logprobs)
     from batchspec.engines.vllm_engine import VllmEngine
 
     return VllmEngine(spec, k, logprobs)

@@ -7,7 +7,8 @@ the engine still drafts and verifies for real, only the acceptance rule is broke
 then follow n-gram drafts the target would not have chosen, and sampled rows lean towards the
 drafts. vLLM's own lossy switch for this (``rejection_sample_method: synthetic``) is not
 implemented by its CPU kernels, hence the patch. It patches this process's vLLM, so the engine
-must run in it (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+must run in it (``VLLM_ENABLE_V1_MULTIPROCESSING=0``). The tree engine reads the same switch
+and accepts each tree's first-ranked path down to its leaf.
 """
 
 from __future__ import annotations
@@ -19,9 +20,15 @@ from typing import Any
 ACCEPT_ALL_ENV = "BATCHSPEC_INJECT_ACCEPT_ALL"
 
 
+def planted_on() -> bool:
+    """Whether the planted bias is on: the tree engine then accepts every draft token along
+    each tree's first-ranked path, whatever the target says."""
+    return os.environ.get(ACCEPT_ALL_ENV) == "1"
+
+
 def maybe_plant_bias() -> None:
     """Before an engine starts: patch vLLM's acceptance rule when the test asks for it."""
-    if os.environ.get(ACCEPT_ALL_ENV) != "1":
+    if not planted_on():
         return
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise RuntimeError(f"{ACCEPT_ALL_ENV} needs VLLM_ENABLE_V1_MULTIPROCESSING=0")

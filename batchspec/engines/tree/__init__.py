@@ -1,0 +1,1 @@
+"""Draft-tree speculative decoding in PyTorch: shapes, drafting, verify and acceptance."""

@@ -1,0 +1,231 @@
+"""The tree engine's target model: a lean Llama forward in plain PyTorch on the HF weights.
+
+Why not transformers' own model: a draft-tree verify needs each row's nodes to attend to that
+row's cached prefix plus an arbitrary ancestor mask, with rows of different cache lengths in
+one batch, and plain decoding at batch 1 must come near the memory-bandwidth bound. Both want
+a static, preallocated cache (``cache.KVCache``) and as little per-step work as possible:
+
+- weights fused at load, and each matrix product run by the kernel that is fastest for its
+  row count (``weights.Linear``): four products a layer;
+- query heads are grouped by their KV head into the query-length axis, so grouped-query
+  attention reads K/V without repeating them; attention runs over only the first
+  max(cache_len) + N cache positions with one boolean mask built per forward, not per layer;
+- RoPE tables are computed once for all positions; a node's angle comes from its ``position``
+  (cache_len + depth), not from where its KV sits in the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from batchspec.engines.tree.cache import KVCache, Step
+from batchspec.engines.tree.weights import (
+    Layer,
+    Weights,
+    convert,
+    llama_config,
+    random_weights,
+    read_safetensors,
+    rope_tables,
+)
+
+PREFILL_CHUNK = 512
+"""Prompt tokens per prefill forward: bounds the attention mask and activations of one pass."""
+
+
+class TreeModel:
+    """A Llama-family causal LM with a static KV cache of ``max_batch`` slots x ``max_len``.
+
+    ``prefill`` fills a slot with a prompt; ``verify`` runs B rows x N tree nodes in one
+    forward (nothing committed); ``commit`` keeps one path of a row's last verify; ``release``
+    frees a slot. Plain decoding is verify with N = 1 followed by commit([0]).
+
+    It sets no thread count (process-wide state is the caller's). On the CPU the process wants
+    OMP_WAIT_POLICY=PASSIVE and THP_MEM_ALLOC_ENABLE=1 in its environment before torch is
+    imported (see scripts/bench_tree_decode.py for why and what they are worth).
+    """
+
+    def __init__(
+        self, cfg: LlamaConfig, weights: Weights, device: str, max_batch: int, max_len: int
+    ) -> None:
+        self.cfg = cfg
+        self.weights = weights
+        self.dtype, self.device = weights.norm.dtype, device
+        self.max_batch, self.max_len = max_batch, max_len
+        self.vocab_size = cfg.vocab_size
+        self.group = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.eps = cfg.rms_norm_eps
+        self.rope = rope_tables(cfg, max_len, self.dtype, device)
+        self.cache = KVCache(
+            cfg.num_hidden_layers,
+            max_batch,
+            cfg.num_key_value_heads,
+            max_len,
+            cfg.head_dim,
+            self.dtype,
+            device,
+        )
+        causal = torch.ones(PREFILL_CHUNK, PREFILL_CHUNK, dtype=torch.bool, device=device)
+        self._causal = causal.tril()
+
+    @classmethod
+    def load(
+        cls, model_dir: Path, dtype: torch.dtype, device: str, max_batch: int, max_len: int
+    ) -> TreeModel:
+        """Read a HF Llama directory's config.json and safetensors weights."""
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        cfg = llama_config(config)
+        weights = convert(cfg, read_safetensors(Path(model_dir)), dtype, device)
+        return cls(cfg, weights, device, max_batch, max_len)
+
+    @classmethod
+    def random(
+        cls,
+        config: dict[str, Any],
+        dtype: torch.dtype,
+        device: str,
+        max_batch: int,
+        max_len: int,
+    ) -> TreeModel:
+        """Random weights of a given config: step cost does not depend on the values, so this
+        measures models whose weights are not at hand (7B-class on a GPU)."""
+        cfg = llama_config(config)
+        weights = convert(cfg, random_weights(cfg, dtype, device), dtype, device)
+        return cls(cfg, weights, device, max_batch, max_len)
+
+    @property
+    def cache_len(self) -> list[int]:
+        """Committed length of every slot (a copy)."""
+        return list(self.cache.lens)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (``Weights.step_bytes``)."""
+        return self.weights.step_bytes()
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
+        """Write a prompt's KV into ``slot`` (its length becomes len(tokens)) and return the
+        float32 logits [vocab] of the last position. Long prompts go in chunks."""
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        self.cache.lens[slot] = 0
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        logits = None
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = ids[start : start + PREFILL_CHUNK].unsqueeze(0)
+            n = chunk.shape[1]
+            positions = self.cache.arange[start : start + n].unsqueeze(0)
+            mask = self._causal[:n, :n].unsqueeze(0)
+            logits = self._forward([slot], chunk, positions, mask, last_only=True)
+            self.cache.lens[slot] += n
+        return logits[0, -1]
+
+    @torch.inference_mode()
+    def verify(
+        self,
+        slots: list[int],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits float32 [B, N, vocab] of every node of B rows' trees in one forward.
+
+        Row b's node i attends to slot ``slots[b]``'s committed prefix and to the nodes
+        ``tree_mask[b, i]`` allows; its RoPE angle is ``positions[b, i]`` (cache_len + depth).
+        The nodes' KV land at cache_len + i as scratch; cache lengths do not change until
+        ``commit``.
+        """
+        b, n = tokens.shape
+        if len(slots) != b or positions.shape != (b, n) or tree_mask.shape != (b, n, n):
+            raise ValueError(
+                f"verify: {len(slots)} slots, tokens {tuple(tokens.shape)}, positions "
+                f"{tuple(positions.shape)}, tree_mask {tuple(tree_mask.shape)} do not agree"
+            )
+        dev = self.device
+        return self._forward(slots, tokens.to(dev), positions.to(dev), tree_mask.to(dev))
+
+    def commit(self, slot: int, nodes: list[int]) -> None:
+        """Keep the path ``nodes`` (root 0 first, depth order) of the slot's last verify."""
+        self.cache.commit(slot, nodes)
+
+    def release(self, slot: int) -> None:
+        """Free ``slot`` for the next row; other slots are untouched."""
+        self.cache.release(slot)
+
+    def share_prefix(self, src: int, dst: int, n: int) -> None:
+        """Start slot ``dst`` with the first ``n`` positions of ``src``'s cache."""
+        self.cache.share_prefix(src, dst, n)
+
+    def move(self, src: int, dst: int) -> None:
+        """Move a row from slot ``src`` to the free slot ``dst`` (``KVCache.move``)."""
+        self.cache.move(src, dst)
+
+    def _forward(
+        self,
+        slots: list[int],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Run the layers over [B, N] new positions; logits of all of them or the last one."""
+        step = self.cache.step(slots, tokens.shape[1])
+        mask = self.cache.mask(step, tree_mask, self.group)
+        cos, sin = self.rope[:, positions].unsqueeze(3)
+        x = self.weights.embedding(tokens)
+        for i, layer in enumerate(self.weights.layers):
+            x = self._layer(i, layer, x, step, mask, cos, sin)
+        if last_only:
+            x = x[:, -1:]
+        x = F.rms_norm(x, x.shape[-1:], self.weights.norm, self.eps)
+        return self.weights.head(x).float()
+
+    def _layer(
+        self,
+        index: int,
+        layer: Layer,
+        x: torch.Tensor,
+        step: Step,
+        mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """One decoder layer: attention and SiLU MLP, each behind an RMSNorm and a residual."""
+        h = F.rms_norm(x, x.shape[-1:], layer.attn_norm, self.eps)
+        x = x + self._attention(index, layer, h, step, mask, cos, sin)
+        h = F.rms_norm(x, x.shape[-1:], layer.mlp_norm, self.eps)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)
+        return x + layer.down(F.silu(gate) * up)
+
+    def _attention(
+        self,
+        index: int,
+        layer: Layer,
+        h: torch.Tensor,
+        step: Step,
+        mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """Self-attention of the new nodes over the cache; writes their KV first."""
+        b, n, _ = h.shape
+        kv_heads, hd = self.cfg.num_key_value_heads, self.cfg.head_dim
+        heads = self.cfg.num_attention_heads
+        qkv = layer.qkv(h).view(b, n, heads + 2 * kv_heads, hd)
+        qk, v = qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
+        qk = qk * cos + qk.roll(hd // 2, dims=-1) * sin
+        q, k = qk[:, :, :heads], qk[:, :, heads:]
+        self.cache.write(index, step, k, v)
+        keys, values = self.cache.read(index, step)
+        q = q.reshape(b, n, kv_heads, self.group, hd).permute(0, 2, 3, 1, 4)
+        q = q.reshape(b, kv_heads, self.group * n, hd)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        o = o.view(b, kv_heads, self.group, n, hd).permute(0, 3, 1, 2, 4)
+        return layer.out(o.reshape(b, n, heads * hd))

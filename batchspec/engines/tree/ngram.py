@@ -1,0 +1,112 @@
+"""N-gram draft trees: every continuation of the context's longest repeated suffix, merged
+into a trie ranked by how often each continuation occurred. Drafts cost no model forward, which
+is what pays on a CPU; a tree offers the target several continuations where a chain offers one.
+
+The index is incremental: appending a token records the n-grams that end just before it, in
+O(max_n) dictionary updates, so drafting never rescans the context (rows can be 100k tokens
+long). A draft reads only the ``max_matches`` most recent occurrences of the matched suffix.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+from batchspec.engines.tree.shape import DraftTree
+
+
+class NgramIndex:
+    """One row's context and its n-gram occurrences, for drafting trees from it."""
+
+    def __init__(self, min_n: int = 1, max_n: int = 3, max_matches: int = 64) -> None:
+        if not 1 <= min_n <= max_n or max_matches < 1:
+            raise ValueError(f"need 1 <= min_n <= max_n and max_matches >= 1: {min_n}, {max_n}")
+        self.min_n, self.max_n, self.max_matches = min_n, max_n, max_matches
+        self.tokens: list[int] = []
+        self._starts: dict[tuple[int, ...], list[int]] = {}
+        """n-gram -> positions where a continuation of an earlier occurrence starts, ascending;
+        trimmed to the recent ones so a frequent n-gram's list stays bounded."""
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append the prompt or newly accepted tokens."""
+        ctx, starts = self.tokens, self._starts
+        for tok in tokens:
+            ctx.append(int(tok))
+            t = len(ctx) - 1
+            # The n-grams ending just before t now have a continuation, starting at t.
+            for n in range(self.min_n, min(self.max_n, t) + 1):
+                found = starts.setdefault(tuple(ctx[t - n : t]), [])
+                found.append(t)
+                if len(found) > 2 * self.max_matches:
+                    del found[: self.max_matches]
+
+    def matches(self) -> list[int]:
+        """Start positions of the continuations of the longest suffix (max_n down to min_n
+        tokens) that occurred before, most recent last; empty when none did."""
+        ctx = self.tokens
+        for n in range(min(self.max_n, len(ctx)), self.min_n - 1, -1):
+            found = self._starts.get(tuple(ctx[len(ctx) - n :]))
+            if found:
+                return found[-self.max_matches :]
+        return []
+
+    def draft(
+        self,
+        budget: int,
+        max_depth: int,
+        branching: Sequence[int] | None = None,
+        paths: Iterable[tuple[int, ...]] | None = None,
+    ) -> DraftTree:
+        """A tree rooted at the context's last token with at most ``budget`` draft nodes of
+        depth <= ``max_depth``, from the trie of the matched continuations. Siblings rank by
+        occurrence count, ties to the most recent occurrence; nodes are kept best-first by
+        count, then shallower, then more recent (ancestor-closed: a child never occurred more
+        often than its parent). ``branching`` caps children per depth (``branching[d]`` for
+        a node at depth d; nothing deeper than its length); ``paths`` keeps only nodes whose
+        rank path is listed (a static shape). No match, or no budget: the root alone.
+        ``draft_probs`` is None: the draft is deterministic.
+
+        The trie is expanded best-first from a heap, so only the kept nodes and their
+        children are built: the work is bounded by the matches times the kept depth, not by
+        the context, nor by every continuation's full length."""
+        if not self.tokens:
+            raise ValueError("cannot draft from an empty context")
+        if branching is not None:
+            max_depth = min(max_depth, len(branching))
+        allowed = None if paths is None else set(paths)
+        tokens, parents = [self.tokens[-1]], [-1]
+        heap: list[tuple[int, int, int, int, int, list[int], tuple[int, ...]]] = []
+        self._push(heap, 0, 0, (), self.matches(), branching, allowed)
+        while heap and len(tokens) <= budget:
+            _, depth, _, tok, parent, starts, path = heapq.heappop(heap)
+            tokens.append(tok)
+            parents.append(parent)
+            if depth < max_depth:
+                self._push(heap, len(tokens) - 1, depth, path, starts, branching, allowed)
+        return DraftTree(tokens, parents)
+
+    def _push(
+        self,
+        heap: list,
+        node: int,
+        depth: int,
+        path: tuple[int, ...],
+        starts: list[int],
+        branching: Sequence[int] | None,
+        allowed: set[tuple[int, ...]] | None,
+    ) -> None:
+        """Push the children of a kept node (``starts``: the continuations through it,
+        ascending) that fit the shape, keyed by (-count, depth, -most recent start)."""
+        ctx, end = self.tokens, len(self.tokens)
+        groups: dict[int, list[int]] = {}
+        for s in starts:
+            if s + depth < end:
+                groups.setdefault(ctx[s + depth], []).append(s)
+        ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), -kv[1][-1]))
+        for rank, (tok, group) in enumerate(ranked):
+            if branching is not None and rank >= branching[depth]:
+                break
+            child = (*path, rank)
+            if allowed is None or child in allowed:
+                key = (-len(group), depth + 1, -group[-1])
+                heapq.heappush(heap, (*key, tok, node, group, child))

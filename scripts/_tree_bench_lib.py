@@ -1,0 +1,230 @@
+"""Helpers of ``bench_tree.py``: the prompt sample, job variants, one timed engine run, and
+the figures drawn from its rows (tokens/s, accepted tokens per verify step, greedy identity).
+
+Everything runs through ``open_engine`` and ``Engine.run``, the calls the worker makes, so the
+tree engine and vLLM are timed the same way: from the first unit handed over to the last
+result back, engine start and shutdown excluded.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from batchspec.engines import open_engine
+from batchspec.spec import JobSpec
+from batchspec.spec_tree import TreeSpec
+from batchspec.speculation.verify import build_requests, pick_rows, run_rows
+from batchspec.speculation.verify_checks import DRIFT_FACTOR, compare_greedy, drift
+from batchspec.units import RowRequest, RowResult
+
+
+@dataclass
+class Sample:
+    """The prompts every configuration runs: the first rows of each domain, in domain order."""
+
+    unit: Any
+    rows: list[RowRequest]
+    domains: list[str]
+
+
+def sample(spec: JobSpec, per_domain: int) -> Sample:
+    """``per_domain`` rows of every domain of the job's input (verify's row picking)."""
+    from batchspec.io.checks import preflight
+
+    domains = sorted(str(d) for d in preflight(spec).domains())
+    units, quota, tokenizer = pick_rows(spec, per_domain * len(domains))
+    rows = build_requests(spec, units, quota, tokenizer, spec.model.max_model_len or 2048)
+    return Sample(units[0], rows, domains)
+
+
+def variant(spec: JobSpec, batch: int, tree: dict[str, Any] | None) -> JobSpec:
+    """The job at batch size ``batch``, with this tree shape (None: vLLM's chains)."""
+    speculative = spec.speculative.model_copy(
+        update={"tree": TreeSpec(**tree) if tree is not None else None, "adaptive": False}
+    )
+    model = spec.model.model_copy(update={"max_num_seqs": batch})
+    return spec.model_copy(update={"speculative": speculative, "model": model})
+
+
+@dataclass
+class Run:
+    """One engine's pass over the sample: rows in sample order and the seconds it took."""
+
+    label: str
+    results: list[RowResult]
+    seconds: float
+    build_s: float
+    weight_bytes: int | None
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.num_output_tokens or 0 for r in self.results)
+
+    @property
+    def rate(self) -> float:
+        """Output tokens/s, prefill included, engine start excluded."""
+        return self.tokens / self.seconds
+
+    def errors(self) -> list[str]:
+        return [f"{r.request.row_id}: {r.error}" for r in self.results if r.error is not None]
+
+
+def run(label: str, spec: JobSpec, k: int, smp: Sample, logprobs: int | None = None) -> Run:
+    """Start the engine for ``spec`` and K, run the sample once, close the engine."""
+    engine = open_engine(spec, k, logprobs)
+    try:
+        model = getattr(engine, "model", None)
+        weight_bytes = getattr(model, "weight_bytes", None)
+        started = time.perf_counter()
+        results = run_rows(engine, smp.unit, smp.rows)
+        seconds = time.perf_counter() - started
+    finally:
+        engine.close()
+    by_id = {r.request.row_id: r for r in results}
+    ordered = [by_id[r.row_id] for r in smp.rows]
+    return Run(label, ordered, seconds, engine.build_s, weight_bytes)
+
+
+def decode_steps_per_s(results: list[RowResult]) -> float:
+    """Plain decode steps/s of rows run one at a time: tokens after the first over the time
+    from the first token to the last (prefill left out)."""
+    steps = sum((r.num_output_tokens or 1) - 1 for r in results)
+    span = sum(r.timing["last_token"] - r.timing["first_token"] for r in results if r.timing)
+    return steps / span if span > 0 else float("nan")
+
+
+def copy_bandwidth() -> float:
+    """This CPU's memory bandwidth in GB/s: a 1 GiB tensor copy, read + write bytes counted
+    (as STREAM's copy does), best of 10."""
+    import torch
+
+    src = torch.rand(1 << 28)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(10):
+        started = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - started)
+    return 2 * src.numel() * src.element_size() / best / 1e9
+
+
+def per_step(results: list[RowResult], domain: str | None = None) -> float:
+    """Mean tokens a verify step yields: 1 + accepted drafts / steps that verified drafts
+    (the bonus token plus the accepted path), over the rows of ``domain`` (None: all)."""
+    rows = [r for r in results if r.spec and (domain is None or str(r.request.domain) == domain)]
+    steps = sum(r.spec["num_spec_steps"] for r in rows)
+    accepted = sum(r.spec["num_accepted_draft_tokens"] for r in rows)
+    return 1 + accepted / steps if steps else float("nan")
+
+
+def replay(
+    prompt: list[int],
+    out: list[int],
+    max_tokens: int,
+    k: int,
+    shape: dict[str, Any],
+    lookup: tuple[int, int],
+) -> tuple[int, int]:
+    """(verify steps with drafts, accepted drafts) the tree engine makes on a greedy row whose
+    output is ``out``, without the model: greedy acceptance only compares draft tokens with the
+    target's choices, which are ``out`` itself (T1's identity), so drafting n-gram trees of K
+    nodes from the same context and matching them against ``out`` gives the engine's counts
+    (up to a row's last step when it ended on EOS: drafts past EOS are not matched here)."""
+    from batchspec.engines.tree.ngram import NgramIndex
+
+    tree_shape = TreeSpec(**shape)
+    paths = [tuple(p) for p in tree_shape.paths] if tree_shape.paths is not None else None
+    index = NgramIndex(*lookup)
+    index.extend([*prompt, out[0]])
+    steps = accepted = 0
+    t = 1
+    while t < len(out):
+        depth = min(tree_shape.depth(), max_tokens - t)
+        tree = index.draft(k, depth, tree_shape.branching, paths)
+        node, path = 0, 0
+        while t + path < len(out):
+            want = out[t + path]
+            node = next((c for c in tree.children(node) if tree.tokens[c] == want), -1)
+            if node < 0:
+                break
+            path += 1
+        steps += tree.size > 1
+        accepted += path
+        index.extend(out[t : t + path + 1])
+        t += path + 1
+    return steps, accepted
+
+
+def replay_rows(
+    ref: list[RowResult], max_tokens: int, k: int, shape: dict[str, Any], lookup: tuple[int, int]
+) -> list[RowResult]:
+    """The reference rows with the speculative counts ``replay`` gives them at K and shape."""
+    out = []
+    for r in ref:
+        steps, accepted = replay(
+            r.request.prompt_token_ids or [], r.token_ids or [], max_tokens, k, shape, lookup
+        )
+        spec = {"num_spec_steps": steps, "num_accepted_draft_tokens": accepted}
+        out.append(replace(r, spec=spec))
+    return out
+
+
+def counts(r: RowResult) -> tuple[int, int] | None:
+    """A row's (verify steps with drafts, accepted drafts)."""
+    return (r.spec["num_spec_steps"], r.spec["num_accepted_draft_tokens"]) if r.spec else None
+
+
+def identical(ref: list[RowResult], other: list[RowResult]) -> tuple[int, list[Any]]:
+    """Rows with the same token ids in both runs, and the ids of those that differ."""
+    same, differ = 0, []
+    for a, b in zip(ref, other, strict=True):
+        if a.token_ids == b.token_ids and a.error is None and b.error is None:
+            same += 1
+        else:
+            differ.append(a.request.row_id)
+    return same, differ
+
+
+def explain(vllm_plain: list[RowResult], tree_plain: list[RowResult]) -> list[str]:
+    """vLLM's plain greedy rows against the tree engine's, both with top logprobs: the count of
+    identical rows, then every divergence with vLLM's margin at its first differing position
+    (logprob of vLLM's token minus the tree engine's) against the drift the two engines showed
+    on agreed tokens; a margin within DRIFT_FACTOR x the largest drift is a near-tie."""
+    drifts = [drift(p, s) for p, s in zip(vllm_plain, tree_plain, strict=True)]
+    threshold = DRIFT_FACTOR * max(drifts, default=0.0)
+    lines, same = [], 0
+    for p, s in zip(vllm_plain, tree_plain, strict=True):
+        div = compare_greedy(p, s, threshold)
+        if div is None:
+            same += 1
+            continue
+        margin = (
+            f"{div.margin:.4f}"
+            if div.margin is not None
+            else f">= {div.margin_bound:.3f} (not in vLLM's top 5)"
+            if div.margin_bound is not None
+            else "n/a"
+        )
+        lines.append(
+            f"    {div.row_id}: first differs at token {div.position} (vLLM {div.plain_token}, "
+            f"tree {div.spec_token}); vLLM margin {margin} nats, drift before it "
+            f"{div.drift:.2e} -> {'near-tie' if div.near_tie else 'NOT a near-tie'}"
+        )
+    share = same / len(vllm_plain) if vllm_plain else float("nan")
+    head = (
+        f"  vLLM plain vs tree engine plain: identical {same}/{len(vllm_plain)} "
+        f"({100 * share:.1f}%, target >= 95%); largest logprob drift on agreed tokens "
+        f"{max(drifts, default=0.0):.2e}, near-tie threshold {threshold:.2e} nats"
+    )
+    return [head, *lines]
+
+
+def mean_rates(runs: list[Run]) -> float:
+    return statistics.fmean(r.rate for r in runs)
+
+
+def spread(runs: list[Run]) -> str:
+    return "/".join(f"{r.rate:.1f}" for r in runs)

@@ -1,0 +1,80 @@
+"""batchspec's draft-tree engine end to end on the embedded model (float32, CPU): a tree job
+runs through ``batchspec run`` with the same output columns as vLLM's; ``batchspec verify``
+shows greedy trees token-identical to the same engine's plain decoding and sampled trees
+distributed as plain sampling, and catches a planted bias (every first-ranked draft path
+accepted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import PROMPTS, job_dict, run_cli, small_job, write_job
+
+from batchspec.engines.planted import ACCEPT_ALL_ENV
+
+pytestmark = pytest.mark.engine
+
+TREE = {"tree": {"max_depth": 4}, "num_speculative_tokens": 6, "adaptive": False}
+"""Dynamic n-gram trees: the 6 most frequent continuations, up to 4 deep."""
+
+
+def report(out: Path) -> dict:
+    (path,) = sorted((out / "verify").glob("report-*.json"))
+    return json.loads(path.read_text())
+
+
+def test_tree_job_runs_with_the_usual_columns(tmp_path: Path) -> None:
+    job = small_job(tmp_path, 1, speculative=TREE, sampling={"max_tokens": 24})
+    result = run_cli("run", str(job))
+    assert result.returncode == 0, result.stderr[-3000:]
+    df = pl.read_parquet(tmp_path / "out" / "parts")
+    assert df.height == 6 and df["error"].is_null().all()
+    assert set(df["spec_method"]) == {"ngram-tree"} and set(df["num_speculative_tokens"]) == {6}
+    for row in df.iter_rows(named=True):
+        assert sum(row["acceptance_histogram"]) == row["num_spec_steps"]
+        assert row["num_accepted_tokens"] <= row["num_draft_tokens"]
+        assert 0 < row["num_output_tokens"] <= 24
+    # The translation and summarization prompts quote their input: trees find drafts there.
+    assert df["num_accepted_tokens"].sum() > 0
+
+
+def test_greedy_trees_are_identical_to_plain_decoding(tmp_path: Path) -> None:
+    job = small_job(tmp_path, 1, speculative=TREE, sampling={"max_tokens": 24})
+    ok = run_cli("verify", str(job), "--rows", "6")
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
+    (check,) = report(tmp_path / "out")["checks"]
+    assert check["dtype"] == "float32" and check["rows"] == check["identical"] == 6
+    bad = run_cli(
+        "verify", str(job), "--rows", "6", "--output", str(tmp_path / "b"),
+        env={ACCEPT_ALL_ENV: "1"},
+    )  # fmt: skip
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    assert report(tmp_path / "b")["checks"][0]["failures"] > 0
+
+
+def test_sampled_trees_pass_and_a_planted_bias_fails(tmp_path: Path) -> None:
+    """The prompt whose answer starts by quoting it ("Maria has ..."): n-gram trees draft
+    from the second token on."""
+    pl.read_parquet(PROMPTS).filter(pl.col("id") == "math-0001").write_parquet(
+        tmp_path / "in.parquet"
+    )
+    job = job_dict(
+        tmp_path / "out",
+        input={"path": str(tmp_path / "in.parquet")},
+        model={"max_num_seqs": 32},
+        speculative=TREE,
+        sampling={"temperature": 1.0},
+    )
+    path = write_job(tmp_path / "job.yaml", job)
+    args = ["--rows", "1", "--samples", "150", "--tokens", "2"]
+    ok = run_cli("verify", str(path), *args)
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
+    assert report(tmp_path / "out")["checks"][0]["rejected"] == 0
+    bad = run_cli(
+        "verify", str(path), *args, "--output", str(tmp_path / "b"), env={ACCEPT_ALL_ENV: "1"}
+    )
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    assert report(tmp_path / "b")["checks"][0]["rejected"] > 0
