@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ def one_domain_job(tmp: Path, rows: int, unit_rows: int) -> tuple[Path, list[str
 def test_failed_units_rerun_stalled_engine_killed_poison_row_bisected_out(tmp_path: Path) -> None:
     job, ids = one_domain_job(tmp_path, rows=8, unit_rows=4)
     spec = yaml.safe_load(job.read_text())
-    spec["execution"]["engine_stall_s"] = 3
+    spec["execution"]["engine_stall_s"] = 5
     job.write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
     # Every engine dies at its third step; one attempt per unit: both units fail at once.
@@ -64,7 +65,10 @@ def test_failed_units_rerun_stalled_engine_killed_poison_row_bisected_out(tmp_pa
     env = {"BATCHSPEC_INJECT_ENGINE_HANG": "1", "BATCHSPEC_INJECT_POISON_ROW": str(poison)}
     result = run(job, env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "4 engine failures recovered" in result.stdout
+    # The hang, the poison row's crash and two crashes while bisecting; on a loaded machine a
+    # slow step can also pass engine_stall_s and be killed and recovered like any stall.
+    recovered = re.search(r"(\d+) engine failures recovered", result.stdout)
+    assert recovered and int(recovered.group(1)) >= 4, result.stdout[-2000:]
     assert not list((out / "failed").glob("*.json"))
     check_output(out, ids)
     df = pl.read_parquet(out / "parts" / "*.parquet")

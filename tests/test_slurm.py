@@ -100,8 +100,13 @@ def test_array_runs_survives_scancel_and_a_resubmit_completes_exactly_once(
 
 
 def test_early_warning_signal_stops_a_task_and_another_finishes_its_units(
-    slurm_cluster, tmp_path: Path
+    slurm_cluster, tmp_path: Path, full: bool
 ) -> None:
+    """~100 s here: runs with ``--full`` (the suite's time budget). The same stop path (a
+    SIGTERM to one worker, its units handed back and finished by another) runs by default in
+    test_interrupts.py and test_workers.py, without Slurm."""
+    if not full:
+        pytest.skip("about 100 s of Slurm: runs with --full")
     job, ids = resume_job(tmp_path, rows=64, unit_rows=4, max_tokens=24)
     data = yaml.safe_load(job.read_text())
     data["execution"]["shutdown_grace_s"] = 2

@@ -42,7 +42,7 @@ def test_greedy_ngram_passes_and_a_planted_bias_fails(tmp_path: Path) -> None:
     assert all(d["position"] >= 1 for d in check["divergences"])
 
 
-def test_sampled_ngram_passes_and_a_planted_bias_fails(tmp_path: Path) -> None:
+def test_sampled_ngram_passes_and_a_planted_bias_fails(tmp_path: Path, full: bool) -> None:
     """One math prompt whose answer starts by quoting it ("Maria has ..."): n-gram drafts
     exist from the second generated token on, where the target gives " has" 0.41 and
     " gives" 0.40. Real speculation keeps that distribution (it did not before
@@ -62,6 +62,8 @@ def test_sampled_ngram_passes_and_a_planted_bias_fails(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
     (check,) = report(tmp_path / "out")["checks"]
     assert check["check"] == "sampled" and check["rejected"] == 0
+    if not full:
+        return  # the planted sampled bias is caught by default on the tree engine's test
     bad = run_cli("verify", str(path), *args, "--output", str(tmp_path / "b"), env=BIASED)
     assert bad.returncode == 1, bad.stderr[-3000:]
     (check,) = report(tmp_path / "b")["checks"]
