@@ -63,11 +63,14 @@ def acceptance_by_domain(table: pl.DataFrame, path: Path) -> Path:
 
 
 def _time_bins(units: list[dict]) -> tuple[float, np.ndarray]:
-    """(first commit time, bin edges in seconds after it): about 40 bins, at least 5 s."""
-    times = np.array([u["time"] for u in units])
-    t0 = float(times.min())
-    span = max(float(times.max()) - t0, 1.0)
-    width = max(5.0, span / 40)
+    """(first commit time, bin edges in seconds after it): about 40 bins, at least 5 s, and at
+    least two typical gaps between commits wide: a short run of large units commits every
+    minute or so, and narrower bins would draw each commit as a spike between empty bins."""
+    times = np.sort(np.array([u["time"] for u in units]))
+    t0 = float(times[0])
+    span = max(float(times[-1]) - t0, 1.0)
+    gap = float(np.median(np.diff(times))) if len(times) > 1 else 0.0
+    width = max(5.0, span / 40, 2 * gap)
     return t0, np.arange(0.0, span + width, width)
 
 
