@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,10 +64,8 @@ def test_failed_units_rerun_stalled_engine_killed_poison_row_bisected_out(tmp_pa
     env = {"BATCHSPEC_INJECT_ENGINE_HANG": "1", "BATCHSPEC_INJECT_POISON_ROW": str(poison)}
     result = run(job, env)
     assert result.returncode == 0, result.stderr[-3000:]
-    # The hang, the poison row's crash and two crashes while bisecting; on a loaded machine a
-    # slow step can also pass engine_stall_s and be killed and recovered like any stall.
-    recovered = re.search(r"(\d+) engine failures recovered", result.stdout)
-    assert recovered and int(recovered.group(1)) >= 4, result.stdout[-2000:]
+    # The hang, the poison row's crash and two crashes while bisecting it out.
+    assert "4 engine failures recovered" in result.stdout, result.stdout[-2000:]
     assert not list((out / "failed").glob("*.json"))
     check_output(out, ids)
     df = pl.read_parquet(out / "parts" / "*.parquet")
