@@ -215,12 +215,9 @@ class SpeculativeSpec(_Section):
 
     @model_validator(mode="after")
     def _method_needs(self) -> SpeculativeSpec:
-        if self.tree is not None and self.method not in ("ngram", "none"):
-            raise ValueError(
-                f"tree: the tree engine drafts with ngram; method {self.method} runs on vLLM, "
-                "in chains (drop the tree key)"
-            )
-        if self.method in ("draft_model", "eagle", "eagle3") and not self.model:
+        if self.tree is not None:
+            self.tree.check_method(self.method, self.model)
+        elif self.method in ("draft_model", "eagle", "eagle3") and not self.model:
             raise ValueError(f"method {self.method} needs speculative.model (the draft)")
         if self.method == "ngram":
             lo = self.prompt_lookup_min or 1

@@ -1,7 +1,8 @@
 """The ``speculative.tree`` section: draft trees, served by batchspec's own tree engine.
 
 vLLM drafts chains only (it removed tree attention in 2026), so a job with a ``tree`` key runs
-on ``engines/tree`` instead, with and without speculation. K keeps its meaning for the
+on ``engines/tree`` instead, with and without speculation, drafting with n-grams or with a draft
+model (top-k children per node, one draft forward per depth). K keeps its meaning for the
 controller, ``tune`` and ``per_domain``: the number of draft tokens verified per step, here the
 tree's nodes below its root. The shape bounds where those nodes may go.
 """
@@ -69,13 +70,42 @@ class TreeShape(_Section):
 
 
 class TreeSpec(TreeShape):
-    """Draft trees (batchspec's tree engine, n-gram drafts): several candidates per position,
-    all verified in one forward pass. K (`num_speculative_tokens`, `per_domain`, the
-    controller's choice) is the number of draft nodes per step."""
+    """Draft trees (batchspec's tree engine; n-gram or draft-model drafts): several candidates
+    per position, all verified in one forward pass. K (`num_speculative_tokens`,
+    `per_domain`, the controller's choice) is the number of draft nodes per step."""
 
     per_domain: dict[str, TreeShape] = Field(
         default_factory=dict, description="a shape per domain, e.g. `{code: {max_depth: 12}}`"
     )
+    draft_layers: list[int] | None = Field(
+        None,
+        description="`draft_model` only: draft with just these decoder layers (0-based) of "
+        "the draft model, or of the target itself when `speculative.model` is unset "
+        "(self-speculation, as LayerSkip and Draft & Verify: no second model in memory)",
+    )
+
+    @field_validator("draft_layers")
+    @classmethod
+    def _layers(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or min(v) < 0 or len(set(v)) != len(v) or v != sorted(v)):
+            raise ValueError("draft_layers must list distinct layer indices >= 0, ascending")
+        return v
+
+    def check_method(self, method: str, model: str | None) -> None:
+        """The tree engine drafts with n-grams or a draft model (``model``, else the target's
+        own ``draft_layers``); other methods run on vLLM."""
+        if method not in ("ngram", "draft_model", "none"):
+            raise ValueError(
+                f"tree: the tree engine drafts with ngram or draft_model; method {method} "
+                "runs on vLLM, in chains (drop the tree key)"
+            )
+        if self.draft_layers is not None and method != "draft_model":
+            raise ValueError("tree.draft_layers needs method draft_model")
+        if method == "draft_model" and not (model or self.draft_layers):
+            raise ValueError(
+                "method draft_model needs speculative.model (the draft) or tree.draft_layers "
+                "(the target's own layers)"
+            )
 
     def shape_for(self, domain: str | None) -> TreeShape:
         """The shape a domain's rows are drafted with."""

@@ -57,6 +57,22 @@ def test_missing_spec_file(tmp_path: Path) -> None:
             {"speculative": {"method": "ngram", "extra": {"num_speculative_tokens": 9}}},
             ["speculative.extra", "use speculative.num_speculative_tokens"],
         ),
+        (
+            {"speculative": {"method": "eagle", "model": "x", "tree": {}}},
+            ["speculative", "ngram or draft_model", "drop the tree key"],
+        ),
+        (
+            {"speculative": {"method": "draft_model", "tree": {}}},
+            ["speculative.model", "or tree.draft_layers"],
+        ),
+        (
+            {"speculative": {"method": "ngram", "tree": {"draft_layers": [0, 1]}}},
+            ["draft_layers needs method draft_model"],
+        ),
+        (
+            {"speculative": {"method": "draft_model", "tree": {"draft_layers": [0, 30]}}},
+            ["speculative.tree.draft_layers", "layer 30 does not exist", "0..29"],
+        ),
     ],
 )
 def test_spec_errors(job_file, sections, needles) -> None:

@@ -141,9 +141,12 @@ def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
     click.echo(f"model: {pre.target_dir}")
     s = spec.speculative
     if s.tree is not None:
+        layers = s.tree.draft_layers
+        source = "" if s.method != "draft_model" else f", drafted by {s.model or 'the target'}"
+        source += f" cut to {len(layers)} layers" if layers else ""
         click.echo(
             f"engine: batchspec's tree engine (speculative.tree; torch + transformers): "
-            f"{s.method} trees, K={s.num_speculative_tokens} draft nodes per step"
+            f"{s.method} trees, K={s.num_speculative_tokens} draft nodes per step{source}"
         )
     elif s.method == "none":
         click.echo("engine: vLLM; speculation: off")

@@ -6,6 +6,7 @@ too, so that a typo in a column name costs a second, not an engine start.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,9 +111,22 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
             )
             if diff:
                 raise UserError(f"speculative.model: tokenizer differs from the target's: {diff}")
+    if s.tree is not None and s.tree.draft_layers is not None:
+        check_draft_layers(s.tree.draft_layers, draft or target)
     units = plan_units(files, spec.output.unit_rows, inp.domain_column, limit)
     if not units:
         raise UserError(f"input.path: {inp.path} holds no rows")
     check_ids(files, inp.id_column, limit)
     reader = UnitReader(inp, spec.output.unit_rows, units)
     return Preflight(files, types, units, target, tok_dir, draft, reader)
+
+
+def check_draft_layers(layers: list[int], model_dir: Path) -> None:
+    """The self-draft's layers must exist in the model they are cut from."""
+    config = json.loads((model_dir / "config.json").read_text())
+    count = int(config.get("num_hidden_layers", 0))
+    if max(layers) >= count:
+        raise UserError(
+            f"speculative.tree.draft_layers: layer {max(layers)} does not exist; "
+            f"{model_dir.name} has layers 0..{count - 1}"
+        )

@@ -137,12 +137,18 @@ class _Runner:
                 run_rows(engine, units[0], base)
             out = run_rows(engine, units[0], rows)
             took = time.perf_counter() - started
+            # Drafts the check covered: a check of a run that accepted none proves little.
+            drafted = sum(r.spec["num_draft_tokens"] for r in out if r.spec)
+            accepted = sum(r.spec["num_accepted_draft_tokens"] for r in out if r.spec)
             self.engines.append(
                 {"dtype": spec.model.dtype, "k": k, "method": engine.method, "rows": len(rows),
-                 "domains": [str(d) for d in domains], "build_s": engine.build_s, "run_s": took}
+                 "domains": [str(d) for d in domains], "build_s": engine.build_s, "run_s": took,
+                 "drafted": drafted, "accepted": accepted}
             )  # fmt: skip
+            drafts = f", {accepted} of {drafted} drafts accepted" if k else ""
             self.echo(
                 f"  {spec.model.dtype} {engine.method} K={k}: {len(rows)} rows in {took:.1f} s"
+                + drafts
             )
             return out
         finally:

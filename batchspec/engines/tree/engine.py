@@ -32,12 +32,14 @@ import torch
 from batchspec.engines import planted
 from batchspec.engines.base import EngineFailure, UnitSource
 from batchspec.engines.tree.accept import accept_greedy, accept_sampled
+from batchspec.engines.tree.drafter import Growth, open_drafter, shape_ranks
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.ngram import NgramIndex
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.models import load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
+from batchspec.spec_tree import TreeShape
 from batchspec.units import RowResult, UnitRequests, UnitResult
 
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -83,6 +85,11 @@ class TreeEngine:
             _eos_ids(model_dir, self.tokenizer), list(spec.sampling.stop), self.tokenizer
         )
         self.lookup = (s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
+        self.drafter = (
+            open_drafter(spec, self.model, dtype, device, room)
+            if k > 0 and s.method == "draft_model"
+            else None
+        )
         self.logprobs = logprobs
         self.free = list(range(m.max_num_seqs))
         """Free slots, a heap: rows take the lowest, so the rows in flight stay in adjacent
@@ -114,9 +121,14 @@ class TreeEngine:
                 self._step()
         finally:
             for row in self.rows:
-                self.model.release(row.slot)
-                heapq.heappush(self.free, row.slot)
+                self._release(row.slot)
             self.rows.clear()
+
+    def _release(self, slot: int) -> None:
+        self.model.release(slot)
+        if self.drafter is not None:
+            self.drafter.release(slot)
+        heapq.heappush(self.free, slot)
 
     def _pull(self, source: UnitSource, opened: list[_Open], waiting: deque) -> bool:
         unit = source.next_unit()
@@ -166,8 +178,11 @@ class TreeEngine:
             self.model.share_prefix(twin.slot, row.slot, len(prompt))
             row.prefill_logits = twin.prefill_logits
         else:
+            twin = None
             row.prefill_logits = self.model.prefill(row.slot, prompt)
             self.by_prompt[key] = row
+        if self.drafter is not None:
+            self.drafter.start(row.slot, prompt, twin.slot if twin is not None else None)
         return row.prefill_logits
 
     def _choose(self, logits: torch.Tensor, gen: torch.Generator) -> int:
@@ -177,22 +192,54 @@ class TreeEngine:
         probs = target_probs(logits, s)
         return int(torch.multinomial(probs[0], 1, generator=gen))
 
-    def _trees(self) -> list[DraftTree]:
-        """Each row's draft under its root: K best-ranked n-gram continuations, within the
-        row's domain shape; room is left for the whole tree in the row's context."""
-        trees = []
+    def _plan(self, row: TreeRow) -> tuple[TreeShape, int] | None:
+        """The row's shape and how deep its draft may go this step; None: no draft."""
         tree_spec = self.spec.speculative.tree
-        for row in self.rows:
-            # No path needs to outrun max_tokens (the cache has room for K + 1 nodes).
-            nodes = self.k
-            depth = row.max_tokens - len(row.out)
-            shape = tree_spec.shape_for(row.req.domain) if tree_spec is not None else None
-            if nodes <= 0 or depth <= 0 or shape is None:
+        # No path needs to outrun max_tokens (the cache has room for K + 1 nodes).
+        depth = row.max_tokens - len(row.out)
+        shape = tree_spec.shape_for(row.req.domain) if tree_spec is not None else None
+        if self.k <= 0 or depth <= 0 or shape is None:
+            return None
+        return shape, min(shape.depth(), depth)
+
+    def _trees(self) -> list[DraftTree]:
+        """Each row's draft under its root: up to K nodes within the row's domain shape, the
+        best-ranked from the n-gram trie or the draft model."""
+        plans = [self._plan(row) for row in self.rows]
+        if self.drafter is not None:
+            return self._model_trees(plans)
+        trees = []
+        for row, plan in zip(self.rows, plans, strict=True):
+            if plan is None:
                 trees.append(DraftTree([row.root], [-1]))
                 continue
-            paths = [tuple(p) for p in shape.paths] if shape.paths is not None else None
-            trees.append(row.ngram.draft(nodes, min(shape.depth(), depth), shape.branching, paths))
+            shape, depth = plan
+            trees.append(row.ngram.draft(self.k, depth, shape.branching, _paths(shape)))
         return trees
+
+    def _model_trees(self, plans: list[tuple[TreeShape, int] | None]) -> list[DraftTree]:
+        """Trees from the draft model, grown for all rows together (one forward per depth);
+        each row hands over the tokens the draft has not seen yet, ending with its root."""
+        assert self.drafter is not None
+        lens = self.drafter.model.cache_len
+        work, growths = [], []
+        for row, plan in zip(self.rows, plans, strict=True):
+            if plan is None:
+                growths.append(None)
+                continue
+            shape, depth = plan
+            fresh = row.out[lens[row.slot] - len(row.req.prompt_token_ids or []) :]
+            ranks = shape_ranks(self.k, depth, shape.branching, _paths(shape))
+            growths.append(Growth(fresh[-1], self.k, ranks))
+            work.append((row.slot, fresh, growths[-1]))
+        try:
+            self.drafter.draft(work)
+        except Exception as exc:
+            raise EngineFailure(f"tree engine draft failed: {exc!r}") from exc
+        return [
+            g.tree() if g is not None else DraftTree([row.root], [-1])
+            for row, g in zip(self.rows, growths, strict=True)
+        ]
 
     def _step(self) -> None:
         """One verify forward for every row in flight, then acceptance row by row."""
@@ -239,8 +286,7 @@ class TreeEngine:
         key = hash(tuple(row.req.prompt_token_ids or []))
         if self.by_prompt.get(key) is row:
             del self.by_prompt[key]
-        self.model.release(row.slot)
-        heapq.heappush(self.free, row.slot)
+        self._release(row.slot)
         if self.stops.stop:
             row.text = self.stops.text(row.out)
         owner = row.owner
@@ -277,6 +323,10 @@ def _bind_cpus() -> None:
         cpus.update(range(int(lo), int(hi or lo) + 1))
     os.sched_setaffinity(0, cpus)
     torch.set_num_threads(len(cpus))
+
+
+def _paths(shape: TreeShape) -> list[tuple[int, ...]] | None:
+    return [tuple(p) for p in shape.paths] if shape.paths is not None else None
 
 
 def _first_path(tree: DraftTree) -> list[int]:

@@ -16,6 +16,7 @@ a static, preallocated cache (``cache.KVCache``) and as little per-step work as 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,17 @@ class TreeModel:
         cfg = llama_config(config)
         weights = convert(cfg, random_weights(cfg, dtype, device), dtype, device)
         return cls(cfg, weights, device, max_batch, max_len)
+
+    def layers_only(self, layers: list[int], max_batch: int, max_len: int) -> TreeModel:
+        """A model of only ``layers`` of this one (self-speculation's draft: LayerSkip, Draft
+        & Verify), sharing its weight tensors, with a cache of its own."""
+        if not layers or max(layers) >= len(self.weights.layers):
+            raise ValueError(f"layers {layers}: this model has {len(self.weights.layers)}")
+        cfg = copy.deepcopy(self.cfg)
+        cfg.num_hidden_layers = len(layers)
+        w = self.weights
+        kept = Weights([w.layers[i] for i in layers], w.norm, w.head, w.embed)
+        return TreeModel(cfg, kept, self.device, max_batch, max_len)
 
     @property
     def cache_len(self) -> list[int]:

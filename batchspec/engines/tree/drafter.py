@@ -1,0 +1,173 @@
+"""Draft trees from a draft model, as EAGLE-2 grows them: top-ranked children per node, one
+batched draft forward per depth, and only the K nodes of highest cumulative draft probability
+kept (``shape.select_budget``).
+
+The draft keeps its own static cache (``model.TreeModel``) of each row's committed tokens. A
+step's first forward feeds what the target committed since the last step (the accepted path
+and the bonus token, i.e. the new root, last) as a chain; its logits at the root give the
+depth-1 candidates. Every later forward re-feeds the root and the kept candidates as a tree
+(positions by depth, ancestor mask), so a node's children come from the draft's view of the
+node's whole path. Re-feeding the few kept nodes costs little where a forward is bound by
+reading the weights, and needs no cache of scratch nodes between forwards.
+
+Children are chosen deterministically (top ranks), so the target verifies them with the
+one-hot rule, which is lossless for any choice that does not depend on the verifier's draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from batchspec.engines.tree.model import TreeModel
+from batchspec.engines.tree.shape import DraftTree, batch_layout, select_budget, top_budget
+from batchspec.models import resolve_model
+from batchspec.spec import JobSpec
+
+Ranks = Callable[[tuple[int, ...]], Sequence[int]]
+"""The child ranks a node may have, from its rank path (root: ``()``): the tree's shape."""
+
+
+def shape_ranks(
+    budget: int,
+    max_depth: int,
+    branching: Sequence[int] | None = None,
+    paths: Sequence[tuple[int, ...]] | None = None,
+) -> Ranks:
+    """Allowed child ranks under a static shape (``branching`` per depth or explicit rank
+    ``paths``), else a dynamic tree's: the top ``budget`` children of any node. Nothing below
+    ``max_depth``; never more ranks than the budget (a node's children beyond rank K-1 could
+    not be among the K nodes kept)."""
+    listed = set(paths) if paths is not None else None
+
+    def ranks(path: tuple[int, ...]) -> Sequence[int]:
+        depth = len(path)
+        if depth >= max_depth:
+            return []
+        if listed is not None:
+            return [r for r in range(budget) if (*path, r) in listed]
+        if branching is not None:
+            return range(min(branching[depth], budget)) if depth < len(branching) else []
+        return range(budget)
+
+    return ranks
+
+
+class Growth:
+    """One row's tree as it grows: every candidate so far (node 0 the root) with its cumulative
+    draft log-probability; ``frontier`` holds the kept nodes whose children come next."""
+
+    def __init__(self, root: int, budget: int, ranks: Ranks) -> None:
+        self.budget, self.ranks = budget, ranks
+        self.tokens, self.parents, self.scores = [root], [-1], [0.0]
+        self.paths: list[tuple[int, ...]] = [()]
+        self.kept = [0]
+        """The root and the candidates among the best ``budget``, ascending (topological)."""
+        self.frontier = [0] if budget > 0 and ranks(()) else []
+
+    def forward_tree(self) -> DraftTree:
+        """The kept nodes as one tree: what the next draft forward feeds."""
+        at = {node: i for i, node in enumerate(self.kept)}
+        parents = [-1] + [at[self.parents[n]] for n in self.kept[1:]]
+        return DraftTree([self.tokens[n] for n in self.kept], parents)
+
+    def frontier_rows(self) -> list[int]:
+        """Where the frontier's nodes sit in ``forward_tree``."""
+        at = {node: i for i, node in enumerate(self.kept)}
+        return [at[n] for n in self.frontier]
+
+    def expand(self, logprobs: torch.Tensor) -> None:
+        """Add the allowed top-ranked children of every frontier node (``logprobs`` [frontier,
+        vocab], the draft's log-distribution at each), then keep the best ``budget``; the
+        kept new children are the next frontier."""
+        new: list[int] = []
+        for node, lp in zip(self.frontier, logprobs, strict=True):
+            ranks = list(self.ranks(self.paths[node]))
+            if not ranks:
+                continue
+            top = torch.topk(lp, max(ranks) + 1)
+            for r in ranks:
+                self.tokens.append(int(top.indices[r]))
+                self.parents.append(node)
+                self.scores.append(self.scores[node] + float(top.values[r]))
+                self.paths.append((*self.paths[node], r))
+                new.append(len(self.tokens) - 1)
+        self.kept = sorted(select_budget(self.parents, self.scores, self.budget))
+        keep = set(self.kept)
+        # A node that may have no children (the shape's last depth) costs no forward.
+        self.frontier = [n for n in new if n in keep and self.ranks(self.paths[n])]
+
+    def tree(self) -> DraftTree:
+        """The draft: the best ``budget`` candidates, siblings best first."""
+        return top_budget(self.tokens, self.parents, self.scores, self.budget)
+
+
+class ModelDrafter:
+    """Draft trees for the rows in flight from a draft model with a cache of its own."""
+
+    def __init__(self, model: TreeModel, vocab_size: int) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        """The target's: a draft's padded output head may be larger; its extra ids are cut."""
+
+    def start(self, slot: int, prompt: list[int], twin: int | None = None) -> None:
+        """Put a new row's prompt into the draft cache (copied from ``twin``'s slot when a row
+        in flight has the same prompt)."""
+        if twin is not None:
+            self.model.share_prefix(twin, slot, len(prompt))
+        else:
+            self.model.prefill(slot, prompt)
+
+    def release(self, slot: int) -> None:
+        self.model.release(slot)
+
+    def draft(self, rows: list[tuple[int, list[int], Growth]]) -> list[DraftTree]:
+        """Grow each row's tree: ``rows`` holds (slot, the tokens committed by the target since
+        the draft last saw the row, ending with the root, Growth). Returns the trees in order."""
+        active = [r for r in rows if r[2].frontier]
+        started = list(active)
+        if active:
+            self._first(active)
+        while active := [r for r in active if r[2].frontier]:
+            trees = [g.forward_tree() for _, _, g in active]
+            logits = self._forward([s for s, _, _ in active], trees)
+            for b, (_, _, g) in enumerate(active):
+                g.expand(torch.log_softmax(logits[b, g.frontier_rows()], dim=-1))
+        for slot, _, _ in started:
+            # The root's KV, rewritten at the slot's length by every forward, joins the prefix.
+            self.model.commit(slot, [0])
+        return [g.tree() for _, _, g in rows]
+
+    def _first(self, rows: list[tuple[int, list[int], Growth]]) -> None:
+        """Feed each row's fresh tokens as a chain; commit all but the root; expand the root."""
+        chains = [DraftTree(fresh, list(range(-1, len(fresh) - 1))) for _, fresh, _ in rows]
+        logits = self._forward([s for s, _, _ in rows], chains)
+        for b, (slot, fresh, g) in enumerate(rows):
+            if len(fresh) > 1:
+                self.model.commit(slot, list(range(len(fresh) - 1)))
+            g.expand(torch.log_softmax(logits[b, len(fresh) - 1 : len(fresh)], dim=-1))
+
+    def _forward(self, slots: list[int], trees: list[DraftTree]) -> torch.Tensor:
+        lens = self.model.cache_len
+        batch = batch_layout(trees, [lens[s] for s in slots])
+        logits = self.model.verify(slots, batch.tokens, batch.positions, batch.tree_mask)
+        return logits[..., : self.vocab_size]
+
+
+def open_drafter(
+    spec: JobSpec, target: TreeModel, dtype: torch.dtype, device: str, room: int
+) -> ModelDrafter:
+    """The draft model: ``speculative.model``, or the target itself, cut to
+    ``tree.draft_layers`` when set (a self-draft shares the target's weights)."""
+    s, batch = spec.speculative, spec.model.max_num_seqs
+    layers = s.tree.draft_layers if s.tree is not None else None
+    if s.model is None:
+        assert layers is not None, "the spec requires model or draft_layers"
+        return ModelDrafter(target.layers_only(layers, batch, room), target.vocab_size)
+    draft_dir = resolve_model(s.model, "speculative.model", spec.resolve("."), auto_prepare=True)
+    if layers is None:
+        draft = TreeModel.load(draft_dir, dtype, device, batch, room)
+        return ModelDrafter(draft, target.vocab_size)
+    whole = TreeModel.load(draft_dir, dtype, device, 1, 1)
+    return ModelDrafter(whole.layers_only(layers, batch, room), target.vocab_size)

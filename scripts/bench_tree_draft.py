@@ -1,0 +1,102 @@
+"""Draft-model trees against draft-model chains on the tree engine, in one run (issue 13's T3
+with draft source (b), and T1 for every run). Embedded model, float32, greedy, CPU.
+
+The draft is the target itself with some decoder layers skipped (``tree.draft_layers``:
+self-speculation as in LayerSkip and Draft & Verify), the only draft model at hand offline.
+For each K it runs a K-node chain (``branching: [1] * K``) and a K-node dynamic tree (EAGLE-2:
+the K candidates of highest cumulative draft probability, top-ranked children per node) from
+the same draft, and prints
+
+- mean tokens per verify step (1 + accepted / steps), per domain and overall, and tree / chain
+  (target: >= 1.25 at K=8);
+- T1: rows token-identical to the same engine's plain decoding (K=0);
+- output tokens/s of every run against plain decoding, one pass each (the draft costs
+  ``len(draft_layers) / layers`` of a target forward per depth, so on this CPU it does not pay;
+  the figure says by how much).
+
+    .venv/bin/python scripts/bench_tree_draft.py                    # 2 prompts/domain, 64 tokens
+    .venv/bin/python scripts/bench_tree_draft.py --ks 4,8 --rows 4 --skip 10,12,14,16,18,20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+ROOT = Path(__file__).resolve().parents[1]
+
+from _tree_bench_lib import Run, identical, per_step, run, sample, variant  # noqa: E402
+
+from batchspec.spec_file import load_spec  # noqa: E402
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_tree.yaml"))
+    ap.add_argument("--rows", type=int, default=2, help="prompts per domain")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--ks", default="4,8", help="draft nodes per step to compare")
+    ap.add_argument("--skip", default="10,12,14,16,18,20", help="target layers the draft skips")
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = parse()
+    # A placeholder draft to pass validation; every run below sets its own layers.
+    sets = ["speculative.method=draft_model", "speculative.tree.draft_layers=[0]"]
+    spec = load_spec(a.job, [f"sampling.max_tokens={a.max_tokens}", *sets])
+    layers_total = spec_layers(spec)
+    skip = {int(x) for x in a.skip.split(",") if x}
+    layers = [i for i in range(layers_total) if i not in skip]
+    smp = sample(spec, a.rows)
+    batch = len(smp.rows)
+    print(f"draft: the target's layers except {sorted(skip)} ({len(layers)} of {layers_total});"
+          f" {batch} prompts ({a.rows} per domain), {a.max_tokens} tokens, batch {batch}",
+          flush=True)  # fmt: skip
+
+    def go(label: str, k: int, shape: dict) -> Run:
+        r = run(label, variant(spec, batch, {**shape, "draft_layers": layers}), k, smp)
+        print(f"  {label}: {r.tokens} tokens in {r.seconds:.1f} s ({r.rate:.1f} tok/s)",
+              flush=True)  # fmt: skip
+        return r
+
+    plain = go("plain K=0", 0, {"max_depth": 1})
+    runs: dict[tuple[int, str], Run] = {}
+    for k in [int(x) for x in a.ks.split(",")]:
+        runs[k, "chain"] = go(f"chain [1]*{k}", k, {"branching": [1] * k, "max_depth": k})
+        runs[k, "tree"] = go(f"tree {k} nodes", k, {"max_depth": k})
+    report(smp.domains, plain, runs)
+
+
+def spec_layers(spec) -> int:
+    import json
+
+    from batchspec.models import resolve_model
+
+    d = resolve_model(spec.model.model, "model.model", spec.resolve("."), auto_prepare=True)
+    return int(json.loads((d / "config.json").read_text())["num_hidden_layers"])
+
+
+def report(doms: list[str], plain: Run, runs: dict[tuple[int, str], Run]) -> None:
+    print("\nT3 draft-model trees vs chains: mean tokens per verify step (1 + accepted / steps)")
+    print("| K | shape | " + " | ".join(doms) + " | all | identical to plain | tok/s vs plain |")
+    print("|---" * (len(doms) + 5) + "|")
+    for k in sorted({k for k, _ in runs}):
+        for name in ("chain", "tree"):
+            r = runs[k, name]
+            same, _ = identical(plain.results, r.results)
+            cells = [f"{per_step(r.results, d):.3f}" for d in doms]
+            print(f"| {k} | {name} | " + " | ".join(cells) + f" | {per_step(r.results):.3f} | "
+                  f"{same}/{len(r.results)} | {r.rate / plain.rate:.2f} |")  # fmt: skip
+        tree, chain = runs[k, "tree"].results, runs[k, "chain"].results
+        cells = [f"{per_step(tree, d) / per_step(chain, d):.3f}" for d in doms]
+        total = per_step(tree) / per_step(chain)
+        print(f"| {k} | tree / chain | " + " | ".join(cells) + f" | **{total:.3f}** | | |")
+    print(f"target: tree / chain >= 1.25 at K=8; plain decoding {plain.rate:.1f} tok/s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
