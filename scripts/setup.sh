@@ -25,7 +25,9 @@ install() {
     [ -z "$links" ] || export UV_FIND_LINKS="$links"
     [ -z "$cons" ] || export UV_CONSTRAINT="$cons"
     [ -z "${PIP_INDEX_URL:-}" ] || export UV_INDEX_URL="$PIP_INDEX_URL"
-    if "$venv/bin/uv" pip install -q --python "$venv/bin/python" "$@"; then return; fi
+    if "$venv/bin/uv" pip install -q --compile-bytecode --python "$venv/bin/python" "$@"; then
+      return
+    fi
     echo "setup: uv failed; installing with pip" >&2
   fi
   "${pip[@]}" install "$@"

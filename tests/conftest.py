@@ -72,14 +72,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 LONGEST_FIRST = [
     "test_interrupts.py",
+    "test_tree_engine.py",
     "test_slurm.py",
     "test_crash.py",
     "test_e2e.py",
     "test_workers.py",
+    "test_verify.py",
     "test_adaptive.py",
     "test_tune.py",
-    "test_verify.py",
-    "test_tree_engine.py",
     "test_observe_run.py",
 ]
 """The files that start engines, longest first (as measured): parallel workers take files in
