@@ -40,6 +40,15 @@ PREFILL_CHUNK = 512
 """Prompt tokens per prefill forward: bounds the attention mask and activations of one pass."""
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm as transformers computes it (in float32, then the weight in the input's
+    dtype). Written out because ``F.rms_norm`` took ~60 us a call on this CPU at one row, 3.7
+    ms of a 45 ms decode step over its 61 calls; these four ops made decoding ~7% faster."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
 class TreeModel:
     """A Llama-family causal LM with a static KV cache of ``max_batch`` slots x ``max_len``.
 
@@ -196,7 +205,7 @@ class TreeModel:
             x = self._layer(i, layer, x, step, mask, cos, sin)
         if last_only:
             x = x[:, -1:]
-        x = F.rms_norm(x, x.shape[-1:], self.weights.norm, self.eps)
+        x = rms_norm(x, self.weights.norm, self.eps)
         return self.weights.head(x).float()
 
     def _layer(
@@ -210,9 +219,9 @@ class TreeModel:
         sin: torch.Tensor,
     ) -> torch.Tensor:
         """One decoder layer: attention and SiLU MLP, each behind an RMSNorm and a residual."""
-        h = F.rms_norm(x, x.shape[-1:], layer.attn_norm, self.eps)
+        h = rms_norm(x, layer.attn_norm, self.eps)
         x = x + self._attention(index, layer, h, step, mask, cos, sin)
-        h = F.rms_norm(x, x.shape[-1:], layer.mlp_norm, self.eps)
+        h = rms_norm(x, layer.mlp_norm, self.eps)
         gate, up = layer.gate_up(h).chunk(2, dim=-1)
         return x + layer.down(F.silu(gate) * up)
 
