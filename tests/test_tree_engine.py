@@ -76,9 +76,15 @@ def test_draft_model_trees_are_identical_to_plain_decoding(tmp_path: Path) -> No
     assert spec_run["accepted"] > spec_run["drafted"] / 8 > 0, spec_run
 
 
-def test_sampled_trees_pass_and_a_planted_bias_fails(tmp_path: Path) -> None:
+@pytest.mark.parametrize("speculative", [TREE, SELF_DRAFT], ids=["ngram", "draft_model"])
+def test_sampled_trees_pass_and_a_planted_bias_fails(
+    tmp_path: Path, speculative: dict, full: bool
+) -> None:
     """The prompt whose answer starts by quoting it ("Maria has ..."): n-gram trees draft
-    from the second token on."""
+    from the second token on. Draft-model trees (the same acceptance code, other trees) run
+    with ``--full`` only (the suite's time budget)."""
+    if speculative is SELF_DRAFT and not full:
+        pytest.skip("sampled draft-model trees: ~60 s, runs with --full")
     pl.read_parquet(PROMPTS).filter(pl.col("id") == "math-0001").write_parquet(
         tmp_path / "in.parquet"
     )
@@ -86,11 +92,15 @@ def test_sampled_trees_pass_and_a_planted_bias_fails(tmp_path: Path) -> None:
         tmp_path / "out",
         input={"path": str(tmp_path / "in.parquet")},
         model={"max_num_seqs": 32},
-        speculative=TREE,
+        speculative=speculative,
         sampling={"temperature": 1.0},
     )
     path = write_job(tmp_path / "job.yaml", job)
-    args = ["--rows", "1", "--samples", "150", "--tokens", "2"]
+    # The check's false-positive rate is its alpha, 0.05, by design. At 150 samples the
+    # draft-model run rejected position 0 (p 0.015, Holm 0.03), a token both engines sample
+    # plainly from the same prefill: a false positive; 300 samples (more power) pass.
+    samples = "150" if speculative is TREE else "300"
+    args = ["--rows", "1", "--samples", samples, "--tokens", "2"]
     ok = run_cli("verify", str(path), *args)
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
     assert report(tmp_path / "out")["checks"][0]["rejected"] == 0
