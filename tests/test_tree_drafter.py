@@ -36,7 +36,10 @@ def test_growth_keeps_the_best_cumulative_nodes_and_expands_only_those() -> None
     assert g.frontier == [0]
     g.expand(lp(0.5, 0.3, 0.1).unsqueeze(0))  # children of the root: 0 (.5), 1 (.3), 2 (.1)
     assert g.tokens == [5, 0, 1, 2] and g.frontier == [1, 2, 3]
-    assert g.forward_tree().tokens == [5, 0, 1, 2] and g.frontier_rows() == [1, 2, 3]
+    # Fed next, each behind the root's scratch position 0, which is its only ancestor.
+    assert g.feed() == [(0, 1, [0]), (1, 1, [0]), (2, 1, [0])]
+    assert g.fed == {0: 0, 1: 1, 2: 2, 3: 3}
+    g.used += 3
     # Under token 0: 3 (.9) scores .45; under token 1: 4 (.5) scores .15; under 2: tiny.
     g.expand(torch.stack([lp(0.0, 0.0, 0.0, 0.9), lp(0.0, 0.0, 0.0, 0.0, 0.5), lp(0.4)]))
     # Kept: 0 (.5), 3|0 (.45), 1 (.3); dropped: 2 (.1) and every other child.

@@ -32,6 +32,9 @@ class Step:
     first: int | None
     """The first slot when the slots are consecutive (the cache is read as a view), else None
     (read through a gather, which copies)."""
+    offsets: torch.Tensor
+    """Long [B]: scratch positions already written behind each row's committed length by an
+    earlier forward of the same step (a draft tree growing depth by depth); 0 for a verify."""
 
 
 class KVCache:
@@ -56,20 +59,23 @@ class KVCache:
         self.arange = torch.arange(max_len, device=device)
         """0..max_len-1 on the device: positions and offsets without a per-step allocation."""
 
-    def step(self, slots: list[int], nodes: int) -> Step:
-        """Index tensors for a forward of ``nodes`` new positions in each of ``slots``."""
+    def step(self, slots: list[int], nodes: int, offsets: list[int] | None = None) -> Step:
+        """Index tensors for a forward of ``nodes`` new positions in each of ``slots``,
+        written behind ``offsets`` scratch positions (None: none)."""
         if not slots or len(set(slots)) != len(slots):
             raise ValueError(f"slots must be distinct and non-empty: {slots}")
         lens = [self.lens[s] for s in slots]
-        span = max(lens) + nodes
+        offsets = offsets or [0] * len(slots)
+        span = max(lens) + max(offsets) + nodes
         if span > self.max_len:
             raise ValueError(f"cache full: {max(lens)} cached + {nodes} nodes > {self.max_len}")
         slot_t = torch.tensor(slots, device=self.device)
         lens_t = torch.tensor(lens, device=self.device)
-        cols = lens_t.unsqueeze(1) + self.arange[:nodes]
+        off_t = torch.tensor(offsets, device=self.device)
+        cols = (lens_t + off_t).unsqueeze(1) + self.arange[:nodes]
         first = slots[0] if slots == list(range(slots[0], slots[0] + len(slots))) else None
         rows = slot_t.unsqueeze(1).expand(-1, nodes)
-        return Step(slot_t, lens_t, rows, cols, span, first)
+        return Step(slot_t, lens_t, rows, cols, span, first, off_t)
 
     def write(self, layer: int, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new nodes' keys and values, k and v [B, N, kv_heads, head_dim]."""
@@ -86,15 +92,18 @@ class KVCache:
 
     def mask(self, step: Step, tree_mask: torch.Tensor, group: int) -> torch.Tensor:
         """Bool [B, 1, group*N, span]: node i of row b sees the row's prefix [0, cache_len) and
-        the nodes its ``tree_mask`` row allows, laid out for queries grouped by KV head
-        (``group`` query heads per KV head, head-major, as the attention reshapes them).
+        the scratch positions its ``tree_mask`` row allows, laid out for queries grouped by KV
+        head (``group`` query heads per KV head, head-major, as the attention reshapes them).
+        ``tree_mask`` [B, N, W]: column j is the row's scratch position cache_len + j; the new
+        nodes are columns offset + 0..N-1 (W = N for a verify, whose nodes are all new).
 
         A node always sees itself, so no row is fully masked: a fully masked row would give a
         NaN output whose KV would then poison every row that reads it (0 x NaN is NaN).
         """
-        b, n, _ = tree_mask.shape
-        seen = step.cols.unsqueeze(1).expand(b, n, n)
-        allowed = tree_mask | torch.eye(n, dtype=torch.bool, device=tree_mask.device)
+        b, n, w = tree_mask.shape
+        seen = (step.lens.unsqueeze(1) + self.arange[:w]).unsqueeze(1).expand(b, n, w)
+        own = step.offsets.unsqueeze(1) + self.arange[:n]
+        allowed = tree_mask.scatter(2, own.unsqueeze(2), True)
         mask = self.arange[: step.span] < step.lens.view(b, 1, 1)
         mask = mask.expand(b, n, step.span).scatter(2, seen, allowed)
         return mask.unsqueeze(1).expand(b, group, n, step.span).reshape(b, 1, group * n, -1)

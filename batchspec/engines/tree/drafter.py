@@ -5,10 +5,10 @@ kept (``shape.select_budget``).
 The draft keeps its own static cache (``model.TreeModel``) of each row's committed tokens. A
 step's first forward feeds what the target committed since the last step (the accepted path
 and the bonus token, i.e. the new root, last) as a chain; its logits at the root give the
-depth-1 candidates. Every later forward re-feeds the root and the kept candidates as a tree
-(positions by depth, ancestor mask), so a node's children come from the draft's view of the
-node's whole path. Re-feeding the few kept nodes costs little where a forward is bound by
-reading the weights, and needs no cache of scratch nodes between forwards.
+depth-1 candidates. Every later forward feeds only the frontier (the kept nodes of the last
+depth): their KV lands in scratch behind what earlier forwards of the step wrote, and each
+node attends to the prefix, its ancestors' scratch KV and itself, at the position of its
+depth. So a depth costs one forward of at most K nodes per row however deep the tree is.
 
 Children are chosen deterministically (top ranks), so the target verifies them with the
 one-hot rule, which is lossless for any choice that does not depend on the verifier's draws.
@@ -65,17 +65,23 @@ class Growth:
         self.kept = [0]
         """The root and the candidates among the best ``budget``, ascending (topological)."""
         self.frontier = [0] if budget > 0 and ranks(()) else []
+        self.fed = {0: 0}
+        """Node -> the scratch position (behind the committed prefix) holding its draft KV."""
+        self.used = 1
+        """Scratch positions taken: the root's, then every fed frontier's."""
 
-    def forward_tree(self) -> DraftTree:
-        """The kept nodes as one tree: what the next draft forward feeds."""
-        at = {node: i for i, node in enumerate(self.kept)}
-        parents = [-1] + [at[self.parents[n]] for n in self.kept[1:]]
-        return DraftTree([self.tokens[n] for n in self.kept], parents)
-
-    def frontier_rows(self) -> list[int]:
-        """Where the frontier's nodes sit in ``forward_tree``."""
-        at = {node: i for i, node in enumerate(self.kept)}
-        return [at[n] for n in self.frontier]
+    def feed(self) -> list[tuple[int, int, list[int]]]:
+        """The frontier as the next forward feeds it, and records where it lands: per node,
+        (token, depth, the scratch positions of its ancestors, all fed before)."""
+        out = []
+        for i, node in enumerate(self.frontier):
+            cols, up = [], self.parents[node]
+            while up >= 0:
+                cols.append(self.fed[up])
+                up = self.parents[up]
+            out.append((self.tokens[node], len(self.paths[node]), cols))
+            self.fed[node] = self.used + i
+        return out
 
     def expand(self, logprobs: torch.Tensor) -> None:
         """Add the allowed top-ranked children of every frontier node (``logprobs`` [frontier,
@@ -130,12 +136,11 @@ class ModelDrafter:
         if active:
             self._first(active)
         while active := [r for r in active if r[2].frontier]:
-            trees = [g.forward_tree() for _, _, g in active]
-            logits = self._forward([s for s, _, _ in active], trees)
+            logits = self._extend(active)
             for b, (_, _, g) in enumerate(active):
-                g.expand(torch.log_softmax(logits[b, g.frontier_rows()], dim=-1))
+                g.expand(torch.log_softmax(logits[b, : len(g.frontier)], dim=-1))
         for slot, _, _ in started:
-            # The root's KV, rewritten at the slot's length by every forward, joins the prefix.
+            # The root's KV, at the slot's first scratch position, joins the prefix.
             self.model.commit(slot, [0])
         return [g.tree() for _, _, g in rows]
 
@@ -147,6 +152,27 @@ class ModelDrafter:
             if len(fresh) > 1:
                 self.model.commit(slot, list(range(len(fresh) - 1)))
             g.expand(torch.log_softmax(logits[b, len(fresh) - 1 : len(fresh)], dim=-1))
+
+    def _extend(self, rows: list[tuple[int, list[int], Growth]]) -> torch.Tensor:
+        """One forward of every row's frontier only, behind the nodes fed before (their draft
+        KV stays in scratch): each node sees the prefix, its ancestors and itself."""
+        feeds = [g.feed() for _, _, g in rows]
+        offsets = [g.used for _, _, g in rows]
+        n = max(len(f) for f in feeds)
+        lens = self.model.cache_len
+        tokens = torch.zeros(len(rows), n, dtype=torch.long)
+        positions = torch.zeros(len(rows), n, dtype=torch.long)
+        mask = torch.zeros(len(rows), n, max(offsets) + n, dtype=torch.bool)
+        for b, ((slot, _, g), feed) in enumerate(zip(rows, feeds, strict=True)):
+            positions[b] = lens[slot]
+            for i, (token, depth, ancestors) in enumerate(feed):
+                tokens[b, i] = token
+                positions[b, i] += depth
+                mask[b, i, ancestors] = True
+            g.used += len(feed)
+        slots = [s for s, _, _ in rows]
+        logits = self.model.verify(slots, tokens, positions, mask, offsets)
+        return logits[..., : self.vocab_size]
 
     def _forward(self, slots: list[int], trees: list[DraftTree]) -> torch.Tensor:
         lens = self.model.cache_len

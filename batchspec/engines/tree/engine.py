@@ -86,7 +86,8 @@ class TreeEngine:
         )
         self.lookup = (s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
         self.drafter = (
-            open_drafter(spec, self.model, dtype, device, room)
+            # The draft's scratch: the root, up to K fed nodes, and one forward's padding.
+            open_drafter(spec, self.model, dtype, device, room + k + 1)
             if k > 0 and s.method == "draft_model"
             else None
         )

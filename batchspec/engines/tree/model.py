@@ -155,22 +155,27 @@ class TreeModel:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         tree_mask: torch.Tensor,
+        offsets: list[int] | None = None,
     ) -> torch.Tensor:
         """Logits float32 [B, N, vocab] of every node of B rows' trees in one forward.
 
         Row b's node i attends to slot ``slots[b]``'s committed prefix and to the nodes
         ``tree_mask[b, i]`` allows; its RoPE angle is ``positions[b, i]`` (cache_len + depth).
         The nodes' KV land at cache_len + i as scratch; cache lengths do not change until
-        ``commit``.
+        ``commit``. With ``offsets`` (a draft tree fed depth by depth), row b's nodes land at
+        cache_len + offsets[b] + i instead, behind nodes an earlier forward wrote, and
+        ``tree_mask`` [B, N, W] has a column per scratch position (``KVCache.mask``).
         """
         b, n = tokens.shape
-        if len(slots) != b or positions.shape != (b, n) or tree_mask.shape != (b, n, n):
+        w = n + (max(offsets) if offsets else 0)
+        if len(slots) != b or positions.shape != (b, n) or tree_mask.shape != (b, n, w):
             raise ValueError(
                 f"verify: {len(slots)} slots, tokens {tuple(tokens.shape)}, positions "
                 f"{tuple(positions.shape)}, tree_mask {tuple(tree_mask.shape)} do not agree"
             )
         dev = self.device
-        return self._forward(slots, tokens.to(dev), positions.to(dev), tree_mask.to(dev))
+        tokens, positions, tree_mask = tokens.to(dev), positions.to(dev), tree_mask.to(dev)
+        return self._forward(slots, tokens, positions, tree_mask, offsets=offsets)
 
     def commit(self, slot: int, nodes: list[int]) -> None:
         """Keep the path ``nodes`` (root 0 first, depth order) of the slot's last verify."""
@@ -195,9 +200,10 @@ class TreeModel:
         positions: torch.Tensor,
         tree_mask: torch.Tensor,
         last_only: bool = False,
+        offsets: list[int] | None = None,
     ) -> torch.Tensor:
         """Run the layers over [B, N] new positions; logits of all of them or the last one."""
-        step = self.cache.step(slots, tokens.shape[1])
+        step = self.cache.step(slots, tokens.shape[1], offsets)
         mask = self.cache.mask(step, tree_mask, self.group)
         cos, sin = self.rope[:, positions].unsqueeze(3)
         x = self.weights.embedding(tokens)
