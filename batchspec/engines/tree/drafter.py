@@ -128,9 +128,9 @@ class ModelDrafter:
     def release(self, slot: int) -> None:
         self.model.release(slot)
 
-    def draft(self, rows: list[tuple[int, list[int], Growth]]) -> list[DraftTree]:
+    def draft(self, rows: list[tuple[int, list[int], Growth]]) -> None:
         """Grow each row's tree: ``rows`` holds (slot, the tokens committed by the target since
-        the draft last saw the row, ending with the root, Growth). Returns the trees in order."""
+        the draft last saw the row, ending with the root, Growth); ``Growth.tree`` gives it."""
         active = [r for r in rows if r[2].frontier]
         started = list(active)
         if active:
@@ -142,7 +142,6 @@ class ModelDrafter:
         for slot, _, _ in started:
             # The root's KV, at the slot's first scratch position, joins the prefix.
             self.model.commit(slot, [0])
-        return [g.tree() for _, _, g in rows]
 
     def _first(self, rows: list[tuple[int, list[int], Growth]]) -> None:
         """Feed each row's fresh tokens as a chain; commit all but the root; expand the root."""
