@@ -26,7 +26,7 @@ from batchspec.spec_keys import (
     SPECULATIVE_KEYS_SET,
     not_set_by_batchspec,
 )
-from batchspec.spec_tree import TreeSpec
+from batchspec.spec_tree import EngineChoice, TreeSpec, check_speculative, engine_defaults
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
 
@@ -187,6 +187,14 @@ class SpeculativeSpec(_Section):
         description="draft trees instead of chains, on batchspec's own engine (see *Draft "
         "trees*); the keys are listed below",
     )
+    engine: EngineChoice = Field(
+        "vllm",
+        description="`vllm` (chains), `tree` (batchspec's tree engine; a missing `tree` key "
+        "means a dynamic tree) or `auto`: whichever `batchspec tune` measured faster at the "
+        "job's batch size (ngram, or draft_model with `model`; see *Routing a job to the "
+        "faster engine*)",
+        json_schema_extra=_shown("`tree` with a `tree` key, else `vllm`"),
+    )
     extra: dict[str, Any] = Field(
         default_factory=dict,
         description="further `speculative_config` keys, passed through; not one that batchspec "
@@ -213,18 +221,8 @@ class SpeculativeSpec(_Section):
             raise ValueError("k_grid must be a non-empty list of K in 0..64")
         return sorted(set(v))
 
-    @model_validator(mode="after")
-    def _method_needs(self) -> SpeculativeSpec:
-        if self.tree is not None:
-            self.tree.check_method(self.method, self.model)
-        elif self.method in ("draft_model", "eagle", "eagle3") and not self.model:
-            raise ValueError(f"method {self.method} needs speculative.model (the draft)")
-        if self.method == "ngram":
-            lo = self.prompt_lookup_min or 1
-            hi = self.prompt_lookup_max or lo
-            if lo > hi:
-                raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
-        return self
+    _engine = model_validator(mode="before")(engine_defaults)
+    _checked = model_validator(mode="after")(check_speculative)
 
     def k_for(self, domain: str | None) -> int:
         """The K to use for a domain; 0 when speculation is off."""

@@ -24,14 +24,16 @@ OUTPUT_NEUTRAL: frozenset[str] = frozenset(
         "speculative.k_grid",
         "speculative.explore",
         "speculative.tree",
+        "speculative.engine",
         "execution",
     }
 )
 """Spec keys (or whole sections) that change how fast rows are generated, never which rows, so
 they are left out of the content hash and may change between runs into one output directory:
-where output goes, batch size and parallelism, and all of speculation (lossless: it keeps the
-target's output distribution; every row records the method and K it ran with). Every other key
-is hashed, so a new key binds the output directory unless it is added here, with its reason."""
+where output goes, batch size and parallelism, and all of speculation and which engine serves
+it (lossless: each keeps the target's output distribution; every row records the method and K
+it ran with). Every other key is hashed, so a new key binds the output directory unless it is
+added here, with its reason."""
 
 
 ENGINE_KEYS_SET = {

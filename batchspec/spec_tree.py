@@ -1,4 +1,5 @@
-"""The ``speculative.tree`` section: draft trees, served by batchspec's own tree engine.
+"""The ``speculative.tree`` section: draft trees, served by batchspec's own tree engine; and
+the rules that tie the speculative section's keys together (engine, method, draft).
 
 vLLM drafts chains only (it removed tree attention in 2026), so a job with a ``tree`` key runs
 on ``engines/tree`` instead, with and without speculation, drafting with n-grams or with a draft
@@ -9,9 +10,13 @@ tree's nodes below its root. The shape bounds where those nodes may go.
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import Field, field_validator, model_validator
 
 from batchspec.spec_base import _Section
+
+EngineChoice = Literal["vllm", "tree", "auto"]
 
 MAX_TREE_NODES = 64
 """Draft nodes per step at most: one verify forward carries them all, per row."""
@@ -97,7 +102,7 @@ class TreeSpec(TreeShape):
         if method not in ("ngram", "draft_model", "none"):
             raise ValueError(
                 f"tree: the tree engine drafts with ngram or draft_model; method {method} "
-                "runs on vLLM, in chains (drop the tree key)"
+                "runs on vLLM, in chains (engine: vllm, no tree key)"
             )
         if self.draft_layers is not None and method != "draft_model":
             raise ValueError("tree.draft_layers needs method draft_model")
@@ -112,3 +117,43 @@ class TreeSpec(TreeShape):
         if domain is not None and domain in self.per_domain:
             return self.per_domain[domain]
         return self
+
+
+def engine_defaults(data: Any) -> Any:
+    """The speculative section's input with ``engine`` filled in: the tree engine with a
+    ``tree`` key, vLLM without; and a ``tree`` key (a dynamic tree) for an engine that needs
+    one."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    if data.get("engine") is None:
+        data["engine"] = "tree" if data.get("tree") is not None else "vllm"
+    if data["engine"] in ("tree", "auto") and data.get("tree") is None:
+        data["tree"] = {}
+    return data
+
+
+def check_speculative(s: Any) -> Any:
+    """Check the speculative section ``s`` as a whole: the engine against the method
+    (``auto`` needs a method both engines serve the same way, since the run takes whichever
+    ``batchspec tune`` measured faster), the draft, and the n-gram lookup bounds."""
+    if s.engine == "auto":
+        if s.method not in ("ngram", "draft_model"):
+            raise ValueError(
+                f"engine auto compares ngram or draft_model speculation on both engines; "
+                f"method {s.method} runs on one only (set engine to vllm or tree)"
+            )
+        if s.tree.draft_layers is not None or (s.method == "draft_model" and not s.model):
+            raise ValueError(
+                "engine auto needs a draft model both engines load (speculative.model); "
+                "tree.draft_layers drafts on the tree engine only (set engine: tree)"
+            )
+    if s.engine != "vllm":
+        s.tree.check_method(s.method, s.model)
+    elif s.method in ("draft_model", "eagle", "eagle3") and not s.model:
+        raise ValueError(f"method {s.method} needs speculative.model (the draft)")
+    if s.method == "ngram" and (s.prompt_lookup_min or 1) > (
+        s.prompt_lookup_max or s.prompt_lookup_min or 1
+    ):
+        raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
+    return s

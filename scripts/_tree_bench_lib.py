@@ -42,8 +42,10 @@ def sample(spec: JobSpec, per_domain: int) -> Sample:
 
 def variant(spec: JobSpec, batch: int, tree: dict[str, Any] | None) -> JobSpec:
     """The job at batch size ``batch``, with this tree shape (None: vLLM's chains)."""
+    shape = TreeSpec(**tree) if tree is not None else None
+    engine = "tree" if tree is not None else "vllm"
     speculative = spec.speculative.model_copy(
-        update={"tree": TreeSpec(**tree) if tree is not None else None, "adaptive": False}
+        update={"tree": shape, "engine": engine, "adaptive": False}
     )
     model = spec.model.model_copy(update={"max_num_seqs": batch})
     return spec.model_copy(update={"speculative": speculative, "model": model})

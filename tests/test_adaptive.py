@@ -45,8 +45,12 @@ def fabricated_tuning(job: Path, path: Path, favour: dict[str, int]) -> None:
         {
             "method": "ngram",
             "identity": tuning_identity(load_spec(job)),
-            "k_grid": [0, 3],
-            "batches": [{"batch": 8, "observations": observations}],
+            "engines": {
+                "vllm": {
+                    "k_grid": [0, 3],
+                    "batches": [{"batch": 8, "observations": observations}],
+                }
+            },
         },
     )
 
@@ -82,8 +86,9 @@ def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path)
     path = OutDir(tmp_path / "out").tuning
     fabricated_tuning(job, path, {d: 3 for d in DOMAINS})  # measured at K=0 and 3 only
     data = json.loads(path.read_text())
-    data["k_grid"] = [0, 3, 5]
-    data["engine_build_s"] = 0.01  # so cheap that even these 24 rows are worth a probe
+    data["engines"]["vllm"]["k_grid"] = [0, 3, 5]
+    # So cheap that even these 24 rows are worth a probe.
+    data["engines"]["vllm"]["engine_build_s"] = 0.01
     write_tuning(path, data)
     result = run_cli("run", str(job), "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]

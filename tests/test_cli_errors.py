@@ -59,8 +59,17 @@ def test_missing_spec_file(tmp_path: Path) -> None:
         ),
         (
             {"speculative": {"method": "eagle", "model": "x", "tree": {}}},
-            ["speculative", "ngram or draft_model", "drop the tree key"],
+            ["speculative", "ngram or draft_model", "engine: vllm, no tree key"],
         ),
+        (
+            {"speculative": {"method": "suffix", "engine": "auto"}},
+            ["speculative", "engine auto", "method suffix runs on one only"],
+        ),
+        (
+            {"speculative": {"method": "draft_model", "engine": "auto", "tree": {}}},
+            ["speculative", "engine auto needs a draft model both engines load"],
+        ),
+        ({"speculative": {"engine": "gpu"}}, ["speculative.engine", "'vllm', 'tree' or 'auto'"]),
         (
             {"speculative": {"method": "draft_model", "tree": {}}},
             ["speculative.model", "or tree.draft_layers"],

@@ -218,8 +218,9 @@ def tuned_job(tmp_path: Path, **tuned_with: dict) -> tuple[Path, Path]:
     data = {
         "method": "ngram",
         "identity": tuning_identity(load_spec(other)),
-        "k_grid": [0, 3],
-        "batches": [{"batch": 8, "observations": [ob.__dict__]}],
+        "engines": {
+            "vllm": {"k_grid": [0, 3], "batches": [{"batch": 8, "observations": [ob.__dict__]}]}
+        },
     }
     write_tuning(path, data)
     return job, path

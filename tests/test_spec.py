@@ -165,6 +165,7 @@ CHANGES: dict[str, list[str]] = {
     "speculative.k_grid": ["speculative.k_grid=[0, 3]"],
     "speculative.explore": ["speculative.explore=0.5"],
     "speculative.tree": ["speculative.tree={branching: [2, 2]}"],
+    "speculative.engine": ["speculative.engine=tree"],
     "speculative.extra": ["speculative.extra={disable_padded_drafter_batch: true}"],
     "sampling.temperature": ["sampling.temperature=0.7"],
     "sampling.top_p": ["sampling.top_p=0.9"],

@@ -1,4 +1,6 @@
-"""batchspec tune on real vLLM: full batches measured at every K, noise, the job's identity."""
+"""batchspec tune on real engines: full batches measured at every K on vLLM and on the tree
+engine (``speculative.engine: auto``), noise, the job's identity, and the run that follows on
+the engine the tuning file routes it to."""
 
 from __future__ import annotations
 
@@ -14,18 +16,42 @@ from batchspec.io.layout import OutDir
 pytestmark = pytest.mark.engine
 
 
-def test_tune_measures_every_k_of_the_grid_at_a_full_batch(tmp_path: Path) -> None:
-    # 4 prompts per domain, batch 8: each domain's batch repeats its rows to fill it (a
-    # sample of 2 rows is raised to the full batch).
-    job = small_job(tmp_path, 4, speculative={"k_grid": [0, 3]}, sampling={"max_tokens": 16})
+def test_tune_measures_both_engines_and_the_run_takes_the_faster(tmp_path: Path) -> None:
+    # 4 prompts per domain, batch 4: a sample of 2 rows is raised to the full batch.
+    speculative = {"k_grid": [0, 3], "engine": "auto", "tree": {"max_depth": 3}}
+    job = small_job(
+        tmp_path, 4, speculative=speculative, sampling={"max_tokens": 16}, model={"max_num_seqs": 4}
+    )
     result = run_cli("tune", str(job), "--sample", "2", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "measured output tokens/s per domain and K" in result.stdout
+    assert "speculative.engine auto routes" in result.stdout
     data = json.loads(OutDir(tmp_path / "out").tuning.read_text())
-    assert data["method"] == "ngram" and data["k_grid"] == [0, 3]
-    assert data["identity"]["sampling.max_tokens"] == 16 and data["sample_rows"] == {"8": 8}
-    (entry,) = data["batches"]
-    assert entry["batch"] == 8 and sorted(entry["domains"]) == DOMAINS
+    assert data["method"] == "ngram" and sorted(data["engines"]) == ["tree", "vllm"]
+    assert data["identity"]["speculative.tree"]["max_depth"] == 3
+    assert data["identity"]["sampling.max_tokens"] == 16
+    for tuned in data["engines"].values():
+        assert tuned["k_grid"] == [0, 3] and tuned["engine_build_s"] > 0
+        assert tuned["sample_rows"] == {"4": 4}
+        check_entry(tuned["batches"])
+    (route,) = data["route"]
+    rates = route["tokens_per_s"]
+    assert route["batch"] == 4 and rates["vllm"] > 0 and rates["tree"] > 0
+    assert route["engine"] == max(rates, key=lambda e: (rates[e], e == "vllm"))
+    # The run takes the routed engine, and every unit it learns from is tagged with it.
+    result = run_cli("run", str(job), "--limit", "8", "--no-progress", env=IN_PROCESS_ENGINE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (log,) = (json.loads(p.read_text()) for p in (tmp_path / "out" / "runs").glob("*.json"))
+    assert {e["engine"] for e in log["engines"]} == {route["engine"]}
+    stats = (tmp_path / "out" / "stats").glob("*.jsonl")
+    tags = {json.loads(line)["engine"] for p in stats for line in p.read_text().splitlines()}
+    assert tags == {route["engine"]}
+
+
+def check_entry(batches: list[dict]) -> None:
+    """One engine's measurements at batch 4: every domain at K=0 and 3, a full batch each."""
+    (entry,) = batches
+    assert entry["batch"] == 4 and sorted(entry["domains"]) == DOMAINS
     for d in entry["domains"].values():
         rates, noise = d["tokens_per_s"], d["noise_tokens_per_s"]
         assert set(rates) == set(noise) == {"0", "3"} and all(v > 0 for v in rates.values())
@@ -34,6 +60,6 @@ def test_tune_measures_every_k_of_the_grid_at_a_full_batch(tmp_path: Path) -> No
         chosen, other = str(d["chosen_k"]), str(3 - d["chosen_k"])
         assert rates[other] - rates[chosen] <= math.hypot(noise[other], noise[chosen]) + 1e-9
     assert len(entry["observations"]) == 12
-    # Every K ran a full batch of each domain: 8 rows, of 4 distinct prompts.
-    assert all(o["rows"] == 8 and o["output_tokens"] > 0 for o in entry["observations"])
+    # Every K ran a full batch of each domain: its 4 prompts.
+    assert all(o["rows"] == 4 and o["output_tokens"] > 0 for o in entry["observations"])
     assert all(o["rated"] == 4 for o in entry["observations"])

@@ -18,6 +18,7 @@ from batchspec.cli.common import (
 from batchspec.errors import UserError
 
 if TYPE_CHECKING:
+    from batchspec.io.checks import Preflight
     from batchspec.spec import JobSpec
     from batchspec.work.runlog import RunStats
 
@@ -139,21 +140,35 @@ def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
     domains = ", ".join(f"{d}={n}" for d, n in sorted(pre.domains().items(), key=str))
     click.echo(f"domains: {domains}")
     click.echo(f"model: {pre.target_dir}")
-    s = spec.speculative
-    if s.tree is not None:
-        layers = s.tree.draft_layers
-        source = "" if s.method != "draft_model" else f", drafted by {s.model or 'the target'}"
-        source += f" cut to {len(layers)} layers" if layers else ""
-        click.echo(
-            f"engine: batchspec's tree engine (speculative.tree; torch + transformers): "
-            f"{s.method} trees, K={s.num_speculative_tokens} draft nodes per step{source}"
-        )
-    elif s.method == "none":
-        click.echo("engine: vLLM; speculation: off")
-    else:
-        draft = f", draft {pre.draft_dir} (tokenizer identical)" if pre.draft_dir else ""
-        click.echo(f"engine: vLLM, {s.method} chains, K={s.num_speculative_tokens}{draft}")
+    click.echo(f"engine: {_engine_line(spec, pre)}")
     click.echo(f"output: {spec.output_dir}")
+
+
+def _engine_line(spec: JobSpec, pre: Preflight) -> str:
+    """Which engine serves the job, with what: ``validate``'s answer."""
+    from batchspec.io.layout import OutDir
+    from batchspec.speculation.route import route_job
+
+    s = spec.speculative
+    if s.method == "none":
+        return f"{'vLLM' if s.engine == 'vllm' else 'batchspec tree engine'}; speculation: off"
+    layers = s.tree.draft_layers if s.tree is not None else None
+    source = "" if s.method != "draft_model" else f", drafted by {s.model or 'the target'}"
+    source += f" cut to {len(layers)} layers" if layers else ""
+    tree = (
+        f"batchspec's tree engine (torch + transformers): {s.method} trees, "
+        f"K={s.num_speculative_tokens} draft nodes per step{source}"
+    )
+    draft = f", draft {pre.draft_dir} (tokenizer identical)" if pre.draft_dir else ""
+    chains = f"vLLM, {s.method} chains, K={s.num_speculative_tokens}{draft}"
+    if s.engine != "auto":
+        return tree if s.engine == "tree" else chains
+    try:
+        routed = route_job(spec, OutDir(spec.output_dir)).speculative.engine
+        how = f"{routed}, as batchspec tune measured at batch {spec.model.max_num_seqs}"
+    except UserError as exc:
+        how = f"not routed yet ({exc})"
+    return f"auto: the faster of {tree}, and {chains}; now {how}"
 
 
 @click.command()
@@ -189,8 +204,8 @@ def tune(
     path = OutDir(spec.output_dir).tuning
     rows = ", ".join(f"{max(sample, b)} at batch {b}" for b in sizes)
     click.echo(
-        f"tuning {spec.speculative.method} K in {spec.speculative.k_grid}; rows per domain "
-        f"and K: {rows}"
+        f"tuning {spec.speculative.method} K in {spec.speculative.k_grid} on engine "
+        f"{spec.speculative.engine}; rows per domain and K: {rows}"
     )
     run_tune(spec, sample, sizes, path, echo=click.echo)
     click.echo(f"tuning file: {path} (batchspec run on this output directory uses it)")

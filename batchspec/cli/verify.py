@@ -88,10 +88,13 @@ def verify(
     overrides: tuple[str, ...],
 ) -> None:
     """Check that JOB's speculation leaves the target's output distribution unchanged."""
+    from batchspec.io.layout import OutDir
+    from batchspec.speculation.route import route_job
     from batchspec.speculation.verify import verify as run_verify
     from batchspec.speculation.verify import write_report
 
     spec = load_job(job, overrides, output)
+    spec = route_job(spec, OutDir(spec.output_dir))  # engine auto: the one the job runs on
     s = spec.speculative
     ks = (
         f"K={k}"
@@ -100,7 +103,7 @@ def verify(
         + (f" (per domain: {s.per_domain})" if s.per_domain else "")
     )
     click.echo(
-        f"verifying {s.method} {ks} against plain decoding "
+        f"verifying {s.method} {ks} on the {s.engine} engine against plain decoding "
         f"({spec.model.dtype}, temperature {spec.sampling.temperature:g})"
     )
     report = run_verify(

@@ -14,9 +14,13 @@ __all__ = ["Engine", "EngineFailure", "UnitSource", "open_engine"]
 
 def open_engine(spec: JobSpec, k: int, logprobs: int | None = None) -> Engine:
     """Start the engine that serves ``spec`` with K speculative tokens (0: none); with
-    ``logprobs``, its results carry the target's top log-probabilities per position. Jobs
-    with a ``speculative.tree`` run on batchspec's tree engine, the others on vLLM."""
-    if spec.speculative.tree is not None:
+    ``logprobs``, its results carry the target's top log-probabilities per position.
+    ``speculative.engine`` says which: batchspec's tree engine or vLLM (``auto`` is routed
+    to one of them first, ``speculation.route``)."""
+    engine = spec.speculative.engine
+    if engine == "auto":
+        raise ValueError("speculative.engine auto: route the job first (speculation.route)")
+    if engine == "tree":
         from batchspec.engines.tree.engine import TreeEngine
 
         return TreeEngine(spec, k, logprobs)

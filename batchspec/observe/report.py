@@ -29,13 +29,20 @@ def controller_view(out: OutDir) -> ControllerView | None:
     """
     observations = SharedStats(out, "report").read_new()
     tuning = read_tuning(out.tuning) or {}
-    batches = [o.batch for o in observations] or [b["batch"] for b in tuning.get("batches", [])]
+    # The engine the run's units ran on (the last one, if a rerun changed it), else the
+    # first one tuned; step costs differ by engine.
+    tuned = tuning.get("engines", {})
+    ran = [o.engine for o in observations if o.engine is not None]
+    engine = ran[-1] if ran else next(iter(tuned), None)
+    observations = [o for o in observations if o.engine in (None, engine)]
+    entry = tuned.get(engine, {})
+    batches = [o.batch for o in observations] or [b["batch"] for b in entry.get("batches", [])]
     if not batches:
         return None
     batch = max(set(batches), key=batches.count)
-    grid = tuning.get("k_grid") or sorted({o.k for o in observations})
+    grid = entry.get("k_grid") or sorted({o.k for o in observations})
     ctl = Controller(batch, grid, default_k=max(grid))
-    ctl.load_observations(tuning_observations(tuning, batch))
+    ctl.load_observations(tuning_observations(tuning, batch, engine or ""))
     for ob in observations:
         ctl.add(ob)
     view = {}

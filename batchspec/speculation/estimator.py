@@ -104,6 +104,8 @@ class Observation:
     those rates and of their squares, for the measurement's noise (``rate_noise``)."""
     rate_sum: float = 0.0
     rate_sq: float = 0.0
+    engine: str | None = None
+    """``vllm`` or ``tree`` (step costs differ by engine); None in files of older runs."""
 
     @property
     def rate(self) -> float | None:

@@ -63,10 +63,12 @@ class KPolicy:
         self.build_s: float | None = None
         """Seconds to start an engine, as last measured: what a switch of K costs."""
         self._read_at = -math.inf
+        self.engine = s.engine
         tuning = job_tuning(spec, out)
         if tuning is not None:
-            self.ctl.load_observations(tuning_observations(tuning, spec.model.max_num_seqs))
-            self.build_s = tuning.get("engine_build_s")
+            batch = spec.model.max_num_seqs
+            self.ctl.load_observations(tuning_observations(tuning, batch, self.engine))
+            self.build_s = tuning["engines"][self.engine].get("engine_build_s")
         self.refresh()
 
     @property
@@ -81,7 +83,8 @@ class KPolicy:
             return
         self._read_at = time.monotonic()
         for ob in self.shared.read_new():
-            self.ctl.add(ob)
+            if ob.engine in (None, self.engine):  # another engine has other step costs
+                self.ctl.add(ob)
 
     def measured_start(self, seconds: float) -> None:
         """An engine just started in this many seconds: what the next switch of K costs."""
@@ -90,6 +93,7 @@ class KPolicy:
     def observe(self, ob: Observation) -> None:
         """A unit this worker committed: learn from it and share it."""
         if self.adaptive:
+            ob.engine = self.engine
             self.ctl.add(ob)
             self.shared.append(ob)
             self._read_at = -math.inf

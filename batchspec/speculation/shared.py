@@ -66,16 +66,29 @@ def read_tuning(path: Path) -> dict[str, Any] | None:
         return None
 
 
+ENGINES = ("vllm", "tree")
+
+
+def job_engines(spec: JobSpec) -> list[str]:
+    """The engines a job may run on: both with ``speculative.engine: auto``, else its own."""
+    engine = spec.speculative.engine
+    return list(ENGINES) if engine == "auto" else [engine]
+
+
 def tuning_identity(spec: JobSpec) -> dict[str, Any]:
     """What a tuning file's measurements depend on, by spec key: the target, the draft and
-    its method, the dtype and the sampling (acceptance and step cost change with each; the
-    sampling seed changes no distribution and is left out). ``batchspec tune`` writes it."""
+    its method, the tree settings of a job that may run on the tree engine, the dtype and the
+    sampling (acceptance and step cost change with each; the sampling seed changes no
+    distribution and is left out). ``batchspec tune`` writes it."""
+    s = spec.speculative
     identity = {
         "model.model": spec.model.model,
         "model.dtype": spec.model.dtype,
-        "speculative.method": spec.speculative.method,
-        "speculative.model": spec.speculative.model,
+        "speculative.method": s.method,
+        "speculative.model": s.model,
     }
+    if s.engine != "vllm" and s.tree is not None:
+        identity["speculative.tree"] = s.tree.model_dump(mode="json")
     for key, value in spec.sampling.model_dump().items():
         if key != "seed":
             identity[f"sampling.{key}"] = value
@@ -84,13 +97,26 @@ def tuning_identity(spec: JobSpec) -> dict[str, Any]:
 
 def check_tuning(tuning: dict[str, Any], spec: JobSpec, path: Path) -> None:
     """Refuse a tuning file measured for another job: its K would be chosen from the wrong
-    model's, draft's or sampling's acceptance and costs, silently."""
+    engine's, model's, draft's or sampling's acceptance and costs, silently."""
     made = tuning.get("identity", {})
+    engines = tuning.get("engines")
+    if engines is None:
+        raise UserError(
+            f"{path}: made by an older batchspec tune (no engines recorded): run batchspec "
+            "tune again, or remove the file"
+        )
+    missing = [e for e in job_engines(spec) if e not in engines]
+    if missing:
+        raise UserError(
+            f"{path}: measured on the {', '.join(sorted(engines))} engine, the job runs on "
+            f"{' and '.join(missing)} (speculative.engine): run batchspec tune again, or "
+            "remove the file"
+        )
     for key, value in tuning_identity(spec).items():
         if key not in made:
             raise UserError(
-                f"{path}: does not say which {key} it was measured with (made by an older "
-                "batchspec tune): run batchspec tune again, or remove the file"
+                f"{path}: does not say which {key} it was measured with: run batchspec tune "
+                "again, or remove the file"
             )
         if made[key] != value:
             raise UserError(
@@ -100,10 +126,11 @@ def check_tuning(tuning: dict[str, Any], spec: JobSpec, path: Path) -> None:
 
 
 def job_tuning(spec: JobSpec, out: OutDir) -> dict[str, Any] | None:
-    """The output directory's tuning file when the job's K is adaptive, refused (UserError)
-    when it was measured for another job; None without one."""
+    """The output directory's tuning file when the job's K is adaptive or its engine is
+    routed (``auto``), refused (UserError) when it was measured for another job; None
+    without one."""
     s = spec.speculative
-    if not (s.adaptive and s.method != "none"):
+    if not (s.adaptive and s.method != "none") and s.engine != "auto":
         return None
     tuning = read_tuning(out.tuning)
     if tuning is not None:
@@ -111,9 +138,10 @@ def job_tuning(spec: JobSpec, out: OutDir) -> dict[str, Any] | None:
     return tuning
 
 
-def tuning_observations(tuning: dict[str, Any], batch: int) -> list[dict[str, Any]]:
-    """The tuning sweep's observations at this batch size (none if it was not swept)."""
-    for entry in tuning.get("batches", []):
+def tuning_observations(tuning: dict[str, Any], batch: int, engine: str) -> list[dict[str, Any]]:
+    """The tuning sweep's observations on this engine at this batch size (none if it was not
+    swept)."""
+    for entry in tuning.get("engines", {}).get(engine, {}).get("batches", []):
         if entry["batch"] == batch:
             return entry["observations"]
     return []

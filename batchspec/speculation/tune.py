@@ -4,9 +4,11 @@ For every batch size and every K of the grid it builds one engine and runs each 
 sample through it alone, as a full batch (a domain with fewer rows than the batch repeats
 them), measuring real output tokens/s and acceptance at the batch size it records. The
 observations go to a tuning file that ``batchspec run`` loads into its K controller (and
-refuses for another model, draft, method, dtype or sampling); the table printed is the
+refuses for another engine, model, draft, method, dtype or sampling); the table printed is the
 measured tokens/s with its noise, and the K chosen never loses to another measured K by more
-than that noise (``controller._Table._measurement_wins``).
+than that noise (``controller._Table._measurement_wins``). A job with ``speculative.engine:
+auto`` is swept on both engines, and the file records which one each batch size runs on
+(``route``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
-from batchspec.speculation.shared import tuning_identity, write_tuning
+from batchspec.speculation.route import format_route, route_table, with_engine
+from batchspec.speculation.shared import job_engines, tuning_identity, write_tuning
 from batchspec.units import UnitRequests, WorkUnit
 
 
@@ -96,26 +99,39 @@ def tune(
     out: Path,
     echo: Callable[[str], object] = print,
 ) -> dict[str, Any]:
-    """Sweep K x batch size, print a table per batch size, write the tuning file. Each
-    domain runs ``sample`` rows at each K and batch size, at least a full batch."""
+    """Sweep K x batch size on each engine the job may run on (both for ``engine: auto``),
+    print a table per engine and batch size, and for ``auto`` the engine each batch size is
+    routed to; write the tuning file. Each domain runs ``sample`` rows at each K and batch
+    size, at least a full batch."""
     s = spec.speculative
     if s.method == "none":
         raise UserError("speculative.method is none: there is no K to tune")
     pre = preflight(spec)
     tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
-    rows = max(sample, *batches)
-    sweep = _Sweep(spec, sample_units(pre.units, rows), sample, tokenizer, echo)
+    samples = sample_units(pre.units, max(sample, *batches))
     data: dict[str, Any] = {
         "method": s.method,
         "identity": tuning_identity(spec),
         "spec_hash": spec.content_hash(),
-        "k_grid": sweep.grid,
-        "sample_rows": {b: sweep.rows_at(b) for b in batches},
         "created": time.time(),
-        "batches": [sweep.batch(b) for b in batches],
+        "engines": {},
     }
-    # What a run's K controller weighs an engine switch against.
-    data["engine_build_s"] = sum(sweep.builds) / len(sweep.builds)
+    for engine in job_engines(spec):
+        echo(f"engine {engine}:")
+        sweep = _Sweep(with_engine(spec, engine), samples, sample, tokenizer, echo)
+        data["engines"][engine] = {
+            "k_grid": sweep.grid,
+            "sample_rows": {b: sweep.rows_at(b) for b in batches},
+            "batches": [sweep.batch(b) for b in batches],
+            # What a run's K controller weighs an engine switch against.
+            "engine_build_s": sum(sweep.builds) / len(sweep.builds),
+        }
+    if s.engine == "auto":
+        rows = {str(d): n for d, n in pre.domains().items()}
+        data["route"] = route_table(data["engines"], rows, spec)
+        echo("speculative.engine auto routes (predicted from the measurements above):")
+        for route in data["route"]:
+            echo("  " + format_route(route))
     write_tuning(out, data)
     return data
 

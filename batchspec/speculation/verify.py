@@ -28,8 +28,10 @@ from batchspec.engines.vllm_args import on_cpu
 from batchspec.errors import UserError
 from batchspec.io.checks import preflight
 from batchspec.io.inputs import PromptBuilder
+from batchspec.io.layout import OutDir
 from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
+from batchspec.speculation.route import route_job
 from batchspec.speculation.tune import ListSource, sample_units
 from batchspec.speculation.verify_checks import greedy_check, sampled_check
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
@@ -177,7 +179,7 @@ def verify_greedy(
 
 def verify_sampled(runner: _Runner, samples: int, tokens: int, alpha: float) -> dict[str, Any]:
     spec = _with(runner.spec, "sampling", max_tokens=tokens)
-    vllm = spec.speculative.tree is None
+    vllm = spec.speculative.engine == "vllm"
     if vllm and on_cpu() and "block_size" not in spec.model.engine_kwargs:
         spec = _with(
             spec, "model", engine_kwargs={**spec.model.engine_kwargs, "block_size": CPU_COPY_BLOCK}
@@ -204,9 +206,10 @@ def verify(
     """Run the checks the job's sampling calls for; the report (``passed`` says the verdict).
     ``k``: one K for every domain instead of the job's own (``per_domain`` or
     ``num_speculative_tokens``)."""
-    s = spec.speculative
-    if s.method == "none":
+    if spec.speculative.method == "none":
         raise UserError("speculative.method is none: there is no speculation to verify")
+    spec = route_job(spec, OutDir(spec.output_dir))  # engine auto: the one the job runs on
+    s = spec.speculative
     runner = _Runner(spec, rows, k, echo)
     greedy = spec.sampling.temperature == 0
     if greedy:
@@ -215,6 +218,7 @@ def verify(
         checks = [verify_sampled(runner, samples, tokens, alpha)]
     return {
         "created": time.time(),
+        "engine": s.engine,
         "method": s.method,
         "k": {str(d): runner.ks[d] for d in runner.quota},
         "dtype": spec.model.dtype,

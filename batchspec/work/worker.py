@@ -23,6 +23,7 @@ from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy
+from batchspec.speculation.route import route_job
 from batchspec.speculation.shared import job_tuning
 from batchspec.units import UnitResult, WorkUnit
 from batchspec.work.claims import ClaimingSource, Claims, FailureLog
@@ -161,6 +162,7 @@ class Worker:
     def _drive(self, engine: Engine, source: ClaimingSource) -> str | None:
         """Run the engine on the source and commit what it yields; the failure, if it died."""
         record = {
+            "engine": self.spec.speculative.engine,
             "method": engine.method,
             "num_speculative_tokens": engine.k,
             "build_s": round(engine.build_s, 3),
@@ -245,6 +247,7 @@ def prepare_run(
     pre = preflight(spec, limit)
     out = OutDir(spec.output_dir)
     job_tuning(spec, out)  # a tuning file of another job: refused before any worker starts
+    route_job(spec, out)  # engine auto without a route for this batch size: refused too
     claim_output_dir(out, make_manifest(spec, pre.files, limit, pre.units))
     clean_stale_temps(out, spec.execution.lease_timeout_s)
     done = out.committed_units()
@@ -280,7 +283,8 @@ def run_job(
         return stats
     try:
         mode = LiveProgress.mode_for(progress) if isinstance(progress, bool) else progress
-        Worker(spec, pre, todo, error_rows, stats).run(mode, log_every)
+        routed = route_job(spec, OutDir(spec.output_dir))
+        Worker(routed, pre, todo, error_rows, stats).run(mode, log_every)
     finally:
         stats.wall_s = time.perf_counter() - started
         write_run_log(OutDir(spec.output_dir), stats)

@@ -1,0 +1,132 @@
+"""``speculative.engine: auto``: the tuning file routes a job to the faster engine; without a
+route for its batch size the job is refused, and each engine's measurements stay its own.
+No engine starts here (tuning files are made by hand); ``test_tune`` routes a real job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import job_dict, run_cli, write_job
+
+from batchspec.errors import UserError
+from batchspec.io.layout import OutDir
+from batchspec.spec_file import load_spec
+from batchspec.speculation.estimator import Observation
+from batchspec.speculation.policy import KPolicy
+from batchspec.speculation.route import route_job, route_table, with_engine
+from batchspec.speculation.shared import SharedStats, tuning_identity, write_tuning
+
+
+def entry(batch: int, rates: dict[str, float], per_row: dict[str, int]) -> dict:
+    """A tune entry at one batch size: every domain chose K=2, measured at ``rates`` tok/s,
+    its rows ``per_row`` output tokens long."""
+    domains = {d: {"chosen_k": 2, "tokens_per_s": {"0": 1.0, "2": r}} for d, r in rates.items()}
+    observations = [
+        Observation(d, 2, batch, rows=10, output_tokens=10 * per_row[d]).__dict__ for d in rates
+    ]
+    return {"batch": batch, "domains": domains, "observations": observations}
+
+
+def test_the_route_weighs_each_domain_by_the_job_s_rows(tmp_path: Path) -> None:
+    # vLLM is faster on code, the tree engine on math; rows are 100 and 50 tokens long.
+    tokens = {"code": 100, "math": 50}
+    engines = {
+        "vllm": {"batches": [entry(8, {"code": 100.0, "math": 20.0}, tokens)]},
+        "tree": {"batches": [entry(8, {"code": 50.0, "math": 100.0}, tokens)]},
+    }
+    spec = load_spec(write_job(tmp_path / "job.yaml", job_dict(tmp_path / "out")))
+    # Mostly code: 90 code rows (9000 tokens), 10 math rows (500 tokens).
+    (route,) = route_table(engines, {"code": 90, "math": 10}, spec)
+    vllm = 9500 / (9000 / 100 + 500 / 20)  # 82.6 tok/s
+    tree = 9500 / (9000 / 50 + 500 / 100)  # 51.4 tok/s
+    assert route["engine"] == "vllm" and route["batch"] == 8
+    assert route["tokens_per_s"] == pytest.approx({"vllm": vllm, "tree": tree})
+    # Mostly math: the tree engine.
+    (route,) = route_table(engines, {"code": 5, "math": 95}, spec)
+    assert route["engine"] == "tree"
+    assert route["tokens_per_s"]["tree"] == pytest.approx(5250 / (500 / 50 + 4750 / 100))
+
+
+def auto_job(tmp_path: Path, **speculative: object) -> Path:
+    spec = {"method": "ngram", "engine": "auto", **speculative}
+    return write_job(tmp_path / "job.yaml", job_dict(tmp_path / "out", speculative=spec))
+
+
+def routed_tuning(job: Path, engines: dict[str, int], route: dict[int, str]) -> dict:
+    """A tuning file of ``job`` measured on ``engines`` (name: batch size), routing ``route``."""
+    spec = load_spec(job)
+    data = {
+        "identity": tuning_identity(spec),
+        "engines": {
+            e: {"k_grid": [0, 2], "batches": [entry(b, {}, {})]} for e, b in engines.items()
+        },
+        "route": [{"batch": b, "engine": e, "tokens_per_s": {}} for b, e in route.items()],
+    }
+    write_tuning(OutDir(spec.output_dir).tuning, data)
+    return data
+
+
+def test_an_auto_job_runs_on_the_engine_its_tuning_file_routes_it_to(tmp_path: Path) -> None:
+    job = auto_job(tmp_path)
+    spec, out = load_spec(job), OutDir(tmp_path / "out")
+    with pytest.raises(UserError, match="does not exist: run batchspec tune on the job first"):
+        route_job(spec, out)
+    routed_tuning(job, {"vllm": 8, "tree": 8}, {8: "tree", 1: "vllm"})
+    assert route_job(spec, out).speculative.engine == "tree"
+    one = load_spec(job, ["model.max_num_seqs=1"])
+    assert route_job(one, out).speculative.engine == "vllm"
+    other = load_spec(job, ["model.max_num_seqs=16"])
+    with pytest.raises(UserError, match=r"routes batch sizes \[8, 1\].*--batch 16"):
+        route_job(other, out)
+    # An engine of its own needs no tuning file, and the routed spec is the job's otherwise.
+    assert route_job(with_engine(spec, "vllm"), out).speculative.engine == "vllm"
+    assert with_engine(spec, "tree").content_hash() == spec.content_hash()
+
+
+def test_a_tuning_file_of_one_engine_does_not_serve_another(tmp_path: Path) -> None:
+    job = auto_job(tmp_path)
+    spec, out = load_spec(job), OutDir(tmp_path / "out")
+    routed_tuning(job, {"vllm": 8}, {})
+    with pytest.raises(UserError, match="measured on the vllm engine, the job runs on tree"):
+        route_job(spec, out)
+    # Tree settings are the tree engine's measurements: other ones are another job.
+    routed_tuning(job, {"vllm": 8, "tree": 8}, {8: "tree"})
+    deeper = load_spec(job, ["speculative.tree={max_depth: 3}"])
+    with pytest.raises(UserError, match=r"speculative\.tree="):
+        route_job(deeper, out)
+    # A file from before engines were recorded.
+    path = out.tuning
+    data = json.loads(path.read_text())
+    del data["engines"]
+    write_tuning(path, data)
+    with pytest.raises(UserError, match="older batchspec tune"):
+        route_job(spec, out)
+
+
+def test_a_worker_learns_only_from_units_of_its_own_engine(tmp_path: Path) -> None:
+    job = auto_job(tmp_path)
+    routed_tuning(job, {"vllm": 8, "tree": 8}, {8: "tree"})
+    spec, out = load_spec(job), OutDir(tmp_path / "out")
+    spec = route_job(spec, out)
+    ob = Observation("code", 2, 8, rows=4, output_tokens=400, running_s=10.0)
+    for engine in ("vllm", "tree", None):
+        SharedStats(out, f"w-{engine}").append(Observation(**(ob.__dict__ | {"engine": engine})))
+    policy = KPolicy(spec, out, "w")
+    assert policy.ctl.obs[("code", 2)].rows == 8  # the tree engine's and the untagged one's
+    policy.observe(Observation("math", 2, 8, rows=3, output_tokens=300, running_s=5.0))
+    (line,) = (out.stats / "w.jsonl").read_text().splitlines()
+    assert json.loads(line)["engine"] == "tree"
+
+
+def test_an_auto_job_without_a_tuning_file_is_refused_before_any_engine(tmp_path: Path) -> None:
+    result = run_cli("run", str(auto_job(tmp_path)), "--limit", "8", "--no-progress")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "speculative.engine: auto" in result.stderr and "batchspec tune" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list((tmp_path / "out").glob("parts/*.parquet"))
+    result = run_cli("validate", str(auto_job(tmp_path)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "engine: auto: the faster of batchspec's tree engine" in result.stdout
+    assert "not routed yet" in result.stdout
