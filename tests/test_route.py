@@ -15,7 +15,7 @@ from batchspec.io.layout import OutDir
 from batchspec.spec_file import load_spec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy
-from batchspec.speculation.route import route_job, route_table, with_engine
+from batchspec.speculation.route import format_route, route_job, route_table, with_engine
 from batchspec.speculation.shared import SharedStats, tuning_identity, write_tuning
 
 
@@ -43,6 +43,13 @@ def test_the_route_weighs_each_domain_by_the_job_s_rows(tmp_path: Path) -> None:
     tree = 9500 / (9000 / 50 + 500 / 100)  # 51.4 tok/s
     assert route["engine"] == "vllm" and route["batch"] == 8
     assert route["tokens_per_s"] == pytest.approx({"vllm": vllm, "tree": tree})
+    # Each domain's rate noise, propagated to the total time (none given here: zero).
+    assert route["noise"] == {"vllm": 0.0, "tree": 0.0}
+    # A 10 tok/s noise on vLLM's code rate: seconds 9000/100 ± 9000/100² x 10 = 90 ± 9.
+    engines["vllm"]["batches"][0]["domains"]["code"]["noise_tokens_per_s"] = {"2": 10.0}
+    (route,) = route_table(engines, {"code": 90, "math": 10}, spec)
+    assert route["noise"]["vllm"] == pytest.approx(9500 * 9 / (90 + 25) ** 2)
+    assert "-> vllm (1.61x)" in format_route(route)
     # Mostly math: the tree engine.
     (route,) = route_table(engines, {"code": 5, "math": 95}, spec)
     assert route["engine"] == "tree"

@@ -12,6 +12,7 @@ at the start of every worker; without one it refuses the job rather than guess.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from batchspec.errors import UserError
@@ -26,48 +27,64 @@ def with_engine(spec: JobSpec, engine: str) -> JobSpec:
     return spec.model_copy(update={"speculative": s})
 
 
-def predicted_rate(entry: dict[str, Any], rows: dict[str, int], spec: JobSpec) -> float:
+def predicted_rate(
+    entry: dict[str, Any], rows: dict[str, int], spec: JobSpec
+) -> tuple[float, float]:
     """Output tokens/s of the job's rows at one batch size on one engine, from its tuning
-    entry: each domain at the K its run would use (the controller's choice, or the spec's
-    fixed K when that was measured), its rows' tokens over its measured rate, summed."""
-    tokens = seconds = 0.0
+    entry, and that figure's standard error: each domain at the K its run would use (the
+    controller's choice, or the spec's fixed K when that was measured), its rows' tokens
+    over its measured rate, summed; the domains' rate noises propagated to the total time."""
+    tokens = seconds = variance = 0.0
     for domain, d in entry["domains"].items():
         measured_k = {int(k): r for k, r in d["tokens_per_s"].items()}  # str keys once saved
+        noise = {int(k): e for k, e in d.get("noise_tokens_per_s", {}).items()}
         k = d["chosen_k"]
         fixed = None if spec.speculative.adaptive else spec.speculative.k_for(domain)
         if fixed is not None and fixed in measured_k:
             k = fixed
         rate = measured_k[k]
-        measured = [o for o in entry["observations"] if str(o["domain"]) == domain and o["rows"]]
-        per_row = sum(o["output_tokens"] for o in measured) / sum(o["rows"] for o in measured)
+        obs = [o for o in entry["observations"] if str(o["domain"]) == domain and o["rows"]]
+        if not obs:
+            continue  # every sampled row failed: nothing to weigh
+        per_row = sum(o["output_tokens"] for o in obs) / sum(o["rows"] for o in obs)
         n = rows.get(domain, 0) * per_row
         tokens += n
         seconds += n / rate if rate > 0 else float("inf")
-    return tokens / seconds if seconds > 0 else 0.0
+        variance += (n / rate**2 * noise.get(k, 0.0)) ** 2 if rate > 0 else 0.0
+    if not 0 < seconds < float("inf"):
+        return 0.0, 0.0
+    return tokens / seconds, tokens * math.sqrt(variance) / seconds**2
 
 
 def route_table(
     engines: dict[str, dict[str, Any]], rows: dict[str, int], spec: JobSpec
 ) -> list[dict[str, Any]]:
-    """Per batch size tuned: each engine's predicted tokens/s and the faster engine (vLLM on
-    a tie: the production engine, with tensor parallelism and every speculative method)."""
+    """Per batch size tuned: each engine's predicted tokens/s with its noise, and the faster
+    engine (vLLM on a tie: the production engine, with tensor parallelism and every
+    speculative method)."""
     table = []
     for i, entry in enumerate(engines["vllm"]["batches"]):
-        rates = {e: predicted_rate(engines[e]["batches"][i], rows, spec) for e in ENGINES}
+        rates, noise = {}, {}
+        for e in ENGINES:
+            rates[e], noise[e] = predicted_rate(engines[e]["batches"][i], rows, spec)
         best = "tree" if rates["tree"] > rates["vllm"] else "vllm"
-        table.append({"batch": entry["batch"], "engine": best, "tokens_per_s": rates})
+        table.append(
+            {"batch": entry["batch"], "engine": best, "tokens_per_s": rates, "noise": noise}
+        )
     return table
 
 
 def format_route(route: dict[str, Any]) -> str:
     """One line per batch size: both engines' predicted tokens/s and the choice."""
-    r = route["tokens_per_s"]
+    r, e = route["tokens_per_s"], route.get("noise", {})
     other = "vllm" if route["engine"] == "tree" else "tree"
     ratio = r[route["engine"]] / r[other] if r[other] > 0 else float("inf")
+    close = abs(r["tree"] - r["vllm"]) <= math.hypot(e.get("tree", 0.0), e.get("vllm", 0.0))
     return (
-        f"batch {route['batch']}: tree engine {r['tree']:.1f} tok/s, vLLM {r['vllm']:.1f} "
-        f"tok/s (each domain at its chosen K, the job's rows) -> {route['engine']} "
-        f"({ratio:.2f}x)"
+        f"batch {route['batch']}: tree engine {r['tree']:.1f}±{e.get('tree', 0.0):.1f} tok/s, "
+        f"vLLM {r['vllm']:.1f}±{e.get('vllm', 0.0):.1f} tok/s (each domain at its chosen K, "
+        f"the job's rows) -> {route['engine']} ({ratio:.2f}x"
+        + (", within the noise: tune more rows to be sure)" if close else ")")
     )
 
 
