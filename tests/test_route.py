@@ -137,3 +137,20 @@ def test_an_auto_job_without_a_tuning_file_is_refused_before_any_engine(tmp_path
     assert result.returncode == 0, result.stderr[-2000:]
     assert "engine: auto: the faster of batchspec's tree engine" in result.stdout
     assert "not routed yet" in result.stdout
+
+
+def test_a_job_that_may_run_on_vllm_is_refused_where_vllm_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A CUDA machine with torch and transformers only: the tree engine runs there, vLLM not.
+    from batchspec.io import checks
+
+    real = checks.importlib.util.find_spec
+    monkeypatch.setattr(
+        checks.importlib.util, "find_spec", lambda name: None if name == "vllm" else real(name)
+    )
+    for engine in ("auto", "vllm"):
+        spec = load_spec(auto_job(tmp_path), [f"speculative.engine={engine}"])
+        with pytest.raises(UserError, match=f"speculative.engine: {engine} needs vLLM"):
+            checks.preflight(spec, limit=8)
+    assert checks.preflight(load_spec(auto_job(tmp_path), ["speculative.engine=tree"]), limit=8)

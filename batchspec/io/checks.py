@@ -6,6 +6,7 @@ too, so that a typo in a column name costs a second, not an engine start.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,12 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
                 raise UserError(f"speculative.model: tokenizer differs from the target's: {diff}")
     if s.tree is not None and s.tree.draft_layers is not None:
         check_draft_layers(s.tree.draft_layers, draft or target)
+    if s.engine != "tree" and importlib.util.find_spec("vllm") is None:
+        # A CUDA machine may have torch and transformers only: the tree engine runs there.
+        raise UserError(
+            f"speculative.engine: {s.engine} needs vLLM, which is not installed here "
+            "(install it, or set speculative.engine to tree)"
+        )
     units = plan_units(files, spec.output.unit_rows, inp.domain_column, limit)
     if not units:
         raise UserError(f"input.path: {inp.path} holds no rows")
