@@ -10,13 +10,15 @@ nodes adds per step), as a table. The read bandwidth (a sum over a large tensor)
 too: a decode step only reads its weights, and on this VM reads stream slower than copies.
 
     .venv/bin/python scripts/bench_tree_decode.py                  # embedded model, float32, CPU
+    .venv/bin/python scripts/bench_tree_decode.py --mkl            # eager, MKL's kernel
     python scripts/bench_tree_decode.py --device cuda --dtype bfloat16 --random-7b
 
 ``--random-7b`` builds random weights of a Llama-2-7B-shaped model (step cost does not depend
 on the values); it is skipped with a message when the device lacks the memory.
 
-An engine process on the CPU wants the two environment settings below too (before torch is
-imported); without them the figures here are not reached.
+An engine process on the CPU wants the environment setting below too (before torch is
+imported). At batch 1 the engine decodes by compiled one-row regions (``onerow.py``);
+``--mkl`` measures the eager path on MKL's matrix-vector kernel instead.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# Both are read when torch loads, so they are set before it is imported. Transparent huge
-# pages for torch's large CPU allocations: fewer TLB misses while streaming the weights, decode
-# ~7% faster here. Passive OpenMP waits: with threads spinning (the default), two threads on
-# two cores that another process also uses made every step 5-6x slower (231 vs 43 ms/step).
+# Read when torch loads, so set before it is imported. Transparent huge pages for torch's
+# large CPU allocations: fewer TLB misses while streaming the weights, decode ~7% faster here.
+# OpenMP's wait policy is left as it is: spinning a while (libgomp's default) suits the
+# compiled one-row regions, whose threads wake ~60 times a step; OMP_WAIT_POLICY=PASSIVE made
+# them 1.5x slower on a quiet machine (25.5 against ~38 steps/s), and only pays where another
+# process shares the cores (spinning threads made steps 5-6x slower there).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
@@ -72,6 +75,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--nodes", default="1,2,4,8,16,32")
     ap.add_argument("--batches", default="1,8,16")
     ap.add_argument("--reps", type=int, default=3, help="timed verify forwards per cell")
+    ap.add_argument(
+        "--mkl", action="store_true", help="eager one-row steps on MKL, not compiled regions"
+    )
     return ap.parse_args()
 
 
@@ -214,9 +220,14 @@ def main() -> None:
     max_len = args.context + 2 * max(batches) + max(nodes) + args.warmup + args.steps + 8
     t = time.perf_counter()
     model = build(args, dtype, max(batches), max_len)
+    # As a batch-1 engine does (TreeEngine): one-row products by inductor's kernel.
+    kernel = not args.mkl and model.use_one_row_kernel()
     name = "random Llama-2-7B shape" if args.random_7b else "SmolLM2-135M"
     mb, took = model.weight_bytes / 1e6, time.perf_counter() - t
-    print(f"model: {name}, weights read per step {mb:.0f} MB, built in {took:.1f} s")
+    print(
+        f"model: {name}, weights read per step {mb:.0f} MB, built in {took:.1f} s; one-row "
+        f"steps {'compiled (onerow.py)' if kernel else 'eager on MKL'}"
+    )
     report_decode(model, decode_rounds(model, args, meter), args.context)
     gen = torch.Generator().manual_seed(1)
     for slot in range(max(batches)):

@@ -50,14 +50,18 @@ def test_tree_job_runs_with_the_usual_columns(tmp_path: Path) -> None:
 
 
 def test_greedy_trees_are_identical_to_plain_decoding(tmp_path: Path) -> None:
-    job = small_job(tmp_path, 1, speculative=TREE, sampling={"max_tokens": 24})
+    # At batch 1, where plain decoding runs the compiled one-row regions (onerow.py) and the
+    # trees' verify forwards the eager multi-row path.
+    job = small_job(
+        tmp_path, 1, speculative=TREE, sampling={"max_tokens": 24}, model={"max_num_seqs": 1}
+    )
     ok = run_cli("verify", str(job), "--rows", "6")
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
     (check,) = report(tmp_path / "out")["checks"]
     assert check["dtype"] == "float32" and check["rows"] == check["identical"] == 6
     bad = run_cli(
         "verify", str(job), "--rows", "6", "--output", str(tmp_path / "b"),
-        env={ACCEPT_ALL_ENV: "1"},
+        "--set", "model.max_num_seqs=8", env={ACCEPT_ALL_ENV: "1"},
     )  # fmt: skip
     assert bad.returncode == 1, bad.stderr[-3000:]
     assert report(tmp_path / "b")["checks"][0]["failures"] > 0

@@ -177,5 +177,11 @@ def test_untied_head_grouped_heads_and_scaled_rope_match_transformers(tmp_path) 
     assert (ours.prefill(0, tokens[:6]) - ref[5]).abs().max().item() < 1e-5
     for i in range(6, len(tokens)):
         assert (decode(ours, 0, tokens[i]) - ref[i]).abs().max().item() < 1e-5
+    # Batch-1 decoding by the compiled one-row regions (onerow.py): the same logits.
+    fast = TreeModel.load(tmp_path, torch.float32, "cpu", max_batch=2, max_len=64)
+    assert fast.use_one_row_kernel() and fast.cache_len == [0, 0]
+    assert (fast.prefill(1, tokens[:1]) - ref[0]).abs().max().item() < 1e-5
+    for i in range(1, len(tokens)):
+        assert (decode(fast, 1, tokens[i]) - ref[i]).abs().max().item() < 1e-5
     random = TreeModel.random(config, torch.float32, "cpu", max_batch=1, max_len=8)
     assert random.prefill(0, tokens[:4]).shape == (96,)

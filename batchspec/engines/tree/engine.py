@@ -75,6 +75,8 @@ class TreeEngine:
         # batch's largest (K + 1 nodes), behind the row's committed prefix.
         room = self.max_model_len + k + 1
         self.model = TreeModel.load(model_dir, dtype, device, m.max_num_seqs, room)
+        if m.max_num_seqs == 1:  # every step one row: compiled (TreeModel.one_row)
+            self.model.use_one_row_kernel()
         tok_dir = (
             resolve_model(m.tokenizer, "model.tokenizer", spec.resolve("."))
             if m.tokenizer
@@ -93,8 +95,7 @@ class TreeEngine:
         )
         self.logprobs = logprobs
         self.free = list(range(m.max_num_seqs))
-        """Free slots, a heap: rows take the lowest, so the rows in flight stay in adjacent
-        slots (the model reads the cache rows of a contiguous range without copying)."""
+        """Free slots, a heap: rows take the lowest, so rows in flight stay adjacent (cheap)."""
         self.rows: list[TreeRow] = []
         self.by_prompt: dict[int, TreeRow] = {}
         """A row in flight per prompt (by hash), whose cached prompt a new row may copy."""
@@ -204,8 +205,7 @@ class TreeEngine:
         return shape, min(shape.depth(), depth)
 
     def _trees(self) -> list[DraftTree]:
-        """Each row's draft under its root: up to K nodes within the row's domain shape, the
-        best-ranked from the n-gram trie or the draft model."""
+        """Each row's draft: up to K best-ranked nodes (n-gram trie or draft model)."""
         plans = [self._plan(row) for row in self.rows]
         if self.drafter is not None:
             return self._model_trees(plans)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 
 from batchspec.engines.tree.cache import KVCache, Step
+from batchspec.engines.tree.onerow import OneRow
 from batchspec.engines.tree.weights import (
     Layer,
     Weights,
@@ -57,8 +58,9 @@ class TreeModel:
     frees a slot. Plain decoding is verify with N = 1 followed by commit([0]).
 
     It sets no thread count (process-wide state is the caller's). On the CPU the process wants
-    OMP_WAIT_POLICY=PASSIVE and THP_MEM_ALLOC_ENABLE=1 in its environment before torch is
-    imported (see scripts/bench_tree_decode.py for why and what they are worth).
+    THP_MEM_ALLOC_ENABLE=1 in its environment before torch is imported, and
+    OMP_WAIT_POLICY=PASSIVE only where other processes share its cores (see
+    scripts/bench_tree_decode.py for why and what they are worth).
     """
 
     def __init__(
@@ -83,6 +85,8 @@ class TreeModel:
         )
         causal = torch.ones(PREFILL_CHUNK, PREFILL_CHUNK, dtype=torch.bool, device=device)
         self._causal = causal.tril()
+        self.one_row: OneRow | None = None
+        """Compiled one-row decoding, when taken (``use_one_row_kernel``)."""
 
     @classmethod
     def load(
@@ -118,7 +122,45 @@ class TreeModel:
         cfg.num_hidden_layers = len(layers)
         w = self.weights
         kept = Weights([w.layers[i] for i in layers], w.norm, w.head, w.embed)
-        return TreeModel(cfg, kept, self.device, max_batch, max_len)
+        draft = TreeModel(cfg, kept, self.device, max_batch, max_len)
+        draft.one_row = self.one_row  # the same shapes: the same compiled regions
+        return draft
+
+    def use_one_row_kernel(self) -> bool:
+        """Decode single rows (plain decoding at batch 1) by inductor-compiled regions
+        (``onerow``) instead of eager ops on MKL's matrix-vector product; False where it does
+        not apply (not float32 on the CPU) or does not compile (no C++ compiler), and the
+        eager path stays.
+
+        It costs a compile per region and shape at the start (seconds; inductor keeps them
+        on disk for the next process), so the engine takes it at batch 1 only, where every
+        step is one row; a batch of several rows has single rows only as it drains.
+        """
+        if self.device != "cpu" or self.dtype != torch.float32:
+            return False
+        for lin in self.weights.linears():
+            lin.keep_rows()
+        self.one_row = OneRow()
+        try:
+            self._warm_one_row()
+        except Exception:  # whatever stops inductor, the eager path serves
+            self.one_row = None
+            return False
+        return True
+
+    def _warm_one_row(self) -> None:
+        """Compile the regions now, as decoding calls them: in inference mode, on weights
+        made outside it (dynamo's guards check the grad mode and each tensor's kind; a
+        mismatch would compile them again mid-run)."""
+        slot = self.cache.lens.index(0) if 0 in self.cache.lens else 0
+        self.prefill(slot, [0])
+        self.verify(
+            [slot],
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.ones(1, 1, dtype=torch.long),
+            torch.ones(1, 1, 1, dtype=torch.bool),
+        )
+        self.release(slot)
 
     @property
     def cache_len(self) -> list[int]:
@@ -203,6 +245,8 @@ class TreeModel:
         offsets: list[int] | None = None,
     ) -> torch.Tensor:
         """Run the layers over [B, N] new positions; logits of all of them or the last one."""
+        if self.one_row is not None and tokens.numel() == 1:
+            return self._forward_one(slots, tokens, positions, tree_mask, offsets)
         step = self.cache.step(slots, tokens.shape[1], offsets)
         mask = self.cache.mask(step, tree_mask, self.group)
         cos, sin = self.rope[:, positions].unsqueeze(3)
@@ -213,6 +257,28 @@ class TreeModel:
             x = x[:, -1:]
         x = rms_norm(x, self.weights.norm, self.eps)
         return self.weights.head(x).float()
+
+    def _forward_one(
+        self,
+        slots: list[int],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor,
+        offsets: list[int] | None,
+    ) -> torch.Tensor:
+        """``_forward`` of one row and one position by the compiled regions (``onerow``)."""
+        step = self.cache.step(slots, 1, offsets)
+        mask = self.cache.mask(step, tree_mask, self.group)
+        cfg, r = self.cfg, self.one_row
+        heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        cos, sin = self.rope[:, positions].reshape(2, 1, hd)
+        x = self.weights.embedding(tokens).view(-1)
+        for i, layer in enumerate(self.weights.layers):
+            qk, v = r.pre(x, layer.attn_norm, layer.qkv.w, cos, sin, self.eps, heads, kv)
+            o = self._attend(i, qk.view(1, 1, heads + kv, hd), v.view(1, 1, kv, hd), step, mask)
+            w = (layer.out.w, layer.mlp_norm, layer.gate_up.w, layer.down.w)
+            x = r.post(x, o.view(-1), *w, self.eps)
+        return r.head(x, self.weights.norm, self.weights.head.w, self.eps).view(1, 1, -1)
 
     def _layer(
         self,
@@ -248,6 +314,15 @@ class TreeModel:
         qkv = layer.qkv(h).view(b, n, heads + 2 * kv_heads, hd)
         qk, v = qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
         qk = qk * cos + qk.roll(hd // 2, dims=-1) * sin
+        return layer.out(self._attend(index, qk, v, step, mask))
+
+    def _attend(
+        self, index: int, qk: torch.Tensor, v: torch.Tensor, step: Step, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Write the nodes' K and V (``qk`` [B, N, heads + kv_heads, hd] after RoPE, ``v``),
+        attend over the cache; the heads' outputs [B, N, heads * hd]."""
+        b, n, _, hd = qk.shape
+        heads, kv_heads = self.cfg.num_attention_heads, self.cfg.num_key_value_heads
         q, k = qk[:, :, :heads], qk[:, :, heads:]
         self.cache.write(index, step, k, v)
         keys, values = self.cache.read(index, step)
@@ -255,4 +330,4 @@ class TreeModel:
         q = q.reshape(b, kv_heads, self.group * n, hd)
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         o = o.view(b, kv_heads, self.group, n, hd).permute(0, 3, 1, 2, 4)
-        return layer.out(o.reshape(b, n, heads * hd))
+        return o.reshape(b, n, heads * hd)

@@ -48,6 +48,11 @@ class Linear:
         self.w = weight if self.t is None else None
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if pack else None
 
+    def keep_rows(self) -> None:
+        """Keep W [out, in] (what ``onerow``'s compiled regions read), not W.T."""
+        if self.t is not None:
+            self.w, self.t = self.t.t().contiguous(), None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if self.packed is None or rows == 1:
@@ -96,6 +101,11 @@ class Weights:
             return self.head.w[tokens]
         flat = self.head.t.index_select(1, tokens.reshape(-1)).t()
         return flat.reshape(*tokens.shape, -1)
+
+    def linears(self) -> list[Linear]:
+        """Every matrix, the head last."""
+        mats = [m for layer in self.layers for m in (layer.qkv, layer.out, layer.gate_up)]
+        return mats + [layer.down for layer in self.layers] + [self.head]
 
     def step_bytes(self) -> int:
         """Bytes one decode step reads: every matrix and norm and the output head once; an
