@@ -50,6 +50,10 @@ def test_the_route_weighs_each_domain_by_the_job_s_rows(tmp_path: Path) -> None:
     (route,) = route_table(engines, {"code": 90, "math": 10}, spec)
     assert route["noise"]["vllm"] == pytest.approx(9500 * 9 / (90 + 25) ** 2)
     assert "-> vllm (1.61x)" in format_route(route)
+    # A K fixed per domain is what runs, whatever the controller chose: code at K=0 (1 tok/s).
+    fixed = load_spec(tmp_path / "job.yaml", ["speculative.per_domain={code: 0}"])
+    (route,) = route_table(engines, {"code": 90, "math": 10}, fixed)
+    assert route["tokens_per_s"]["tree"] == pytest.approx(9500 / (9000 / 1 + 500 / 100))
     # Mostly math: the tree engine.
     (route,) = route_table(engines, {"code": 5, "math": 95}, spec)
     assert route["engine"] == "tree"

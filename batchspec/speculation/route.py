@@ -1,13 +1,13 @@
 """``speculative.engine: auto``: a job runs on whichever engine ``batchspec tune`` measured
 faster at its batch size.
 
-Neither engine wins everywhere. On the 2-core CPU here batchspec's tree engine is 1.24-1.27x
-vLLM's best n-gram chain at batch 1-8 and ties it at 16 (README, *Draft trees*); on GPUs vLLM's
-kernels and CUDA graphs change the picture again. So the choice is measured, like K: ``tune``
-sweeps the K grid on both engines and records, per batch size, the output tokens/s the job's
-own rows would get on each (every domain at the K the controller chose on that engine,
-weighted by the job's rows per domain) and the faster engine. ``route_job`` reads that record
-at the start of every worker; without one it refuses the job rather than guess.
+Neither engine wins everywhere. On the 2-core CPU here batchspec's tree engine is 1.58x
+vLLM's best n-gram chain at batch 1 and 1.24x at batch 8, and ties it at 16 (README, *Draft
+trees*); on GPUs vLLM's kernels and CUDA graphs change the picture again. So the choice is
+measured, like K: ``tune`` sweeps the K grid on both engines and records, per batch size, the
+output tokens/s the job's own rows would get on each (every domain at the K its run would
+use, weighted by the job's rows per domain) and the faster engine. ``route_job`` reads that
+record at the start of every worker; without one it refuses the job rather than guess.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ def predicted_rate(
 ) -> tuple[float, float]:
     """Output tokens/s of the job's rows at one batch size on one engine, from its tuning
     entry, and that figure's standard error: each domain at the K its run would use (the
-    controller's choice, or the spec's fixed K when that was measured), its rows' tokens
+    controller's choice, or the spec's fixed K when that was measured: ``per_domain``, or
+    every K with ``adaptive: false``), its rows' tokens
     over its measured rate, summed; the domains' rate noises propagated to the total time."""
     tokens = seconds = variance = 0.0
     for domain, d in entry["domains"].items():
         measured_k = {int(k): r for k, r in d["tokens_per_s"].items()}  # str keys once saved
         noise = {int(k): e for k, e in d.get("noise_tokens_per_s", {}).items()}
         k = d["chosen_k"]
-        fixed = None if spec.speculative.adaptive else spec.speculative.k_for(domain)
+        s = spec.speculative  # a fixed K (per_domain, or no controller) is what runs
+        fixed = s.per_domain.get(domain) if s.adaptive else s.k_for(domain)
         if fixed is not None and fixed in measured_k:
             k = fixed
         rate = measured_k[k]
