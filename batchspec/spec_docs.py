@@ -1,16 +1,17 @@
 """The job-spec reference, generated from the spec's own field descriptions.
 
-The README's job-spec tables are this module's output, between two markers, so a key's
-documentation lives in one place (its ``Field`` in ``spec.py``) and a test fails when the
-README and the code disagree. Regenerate after changing a field::
+The job-spec reference (``docs/spec.md``) is this module's output, between two markers, so a
+key's documentation lives in one place (its ``Field`` in ``spec.py``) and a test fails when the
+page and the code disagree. Regenerate after changing a field::
 
-    python -m batchspec.spec_docs --write README.md
+    python -m batchspec.spec_docs --write docs/spec.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import get_args
@@ -23,9 +24,16 @@ from batchspec.spec import OUTPUT_NEUTRAL, JobSpec
 
 BEGIN = (
     "<!-- spec-reference: generated from batchspec/spec.py by "
-    "`python -m batchspec.spec_docs --write README.md` -->"
+    "`python -m batchspec.spec_docs --write docs/spec.md` -->"
 )
 END = "<!-- /spec-reference -->"
+PAGES = {
+    "Choosing K": "choosing-k.md",
+    "Draft trees": "trees.md",
+    "Routing a job to the faster engine": "choosing-k.md#routing-a-job-to-the-faster-engine",
+}
+"""Pages of ``docs/`` that field descriptions point to as ``*Title*``: linked in the reference,
+so a description stays plain text in ``spec.py`` and a link on the page."""
 
 
 def _default(info: FieldInfo) -> str:
@@ -60,7 +68,7 @@ def _nested(name: str, fields: dict[str, FieldInfo]) -> list[str]:
         sub = _optional_section(info)
         if sub is not None:
             doc = " ".join((sub.__doc__ or "").split())
-            out += [f"#### `{name}.{key}`", "", doc, ""]
+            out += [f"### `{name}.{key}`", "", doc, ""]
             out += _table(
                 [(k, _default(f), f.description or "") for k, f in sub.model_fields.items()]
             )
@@ -97,12 +105,22 @@ def reference() -> str:
             top.append((name, _default(info), info.description or ""))
             continue
         doc = " ".join((section.__doc__ or "").split())
-        out += [f"### `{name}`", "", doc, ""]
+        out += [f"## `{name}`", "", doc, ""]
         fields = section.model_fields
         out += _table([(k, _default(f), f.description or "") for k, f in fields.items()])
         out += [*_neutral_note(name, list(fields)), "", *_nested(name, fields)]
-    out += ["### top level", "", *_table(top), *_neutral_note("", [t[0] for t in top])]
-    return "\n".join(out).replace("\n\n\n", "\n\n").rstrip() + "\n"
+    out += ["## top level", "", *_table(top), *_neutral_note("", [t[0] for t in top])]
+    return _link("\n".join(out).replace("\n\n\n", "\n\n").rstrip() + "\n")
+
+
+def _link(text: str) -> str:
+    """``*Title*`` of a page in ``PAGES`` as a Markdown link to it; other emphasis stays."""
+
+    def repl(m: re.Match[str]) -> str:
+        page = PAGES.get(m[1])
+        return f"[{m[1]}]({page})" if page else m[0]
+
+    return re.sub(r"\*([A-Z][^*\n]*)\*", repl, text)
 
 
 def splice(text: str, block: str) -> str:
@@ -111,8 +129,8 @@ def splice(text: str, block: str) -> str:
     return text[:start] + "\n\n" + block + "\n" + text[end:]
 
 
-def readme_block(text: str) -> str:
-    """What the README holds between the markers now."""
+def written_block(text: str) -> str:
+    """What a page (``docs/spec.md``) holds between the markers now."""
     return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n") + "\n"
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from batchspec.errors import UserError
 from batchspec.spec import OUTPUT_NEUTRAL, JobSpec
-from batchspec.spec_docs import readme_block, reference
+from batchspec.spec_docs import reference, written_block
 from batchspec.spec_file import load_spec
 
 
@@ -209,10 +209,10 @@ def test_every_key_is_hashed_unless_declared_output_neutral(tmp_path: Path) -> N
         assert changed != neutral, f"{key}: {'in' if changed else 'not in'} the hash"
 
 
-def test_readme_spec_reference_is_generated_from_the_spec() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert readme_block(readme) == reference(), (
-        "README's job-spec reference is stale: python -m batchspec.spec_docs --write README.md"
+def test_spec_reference_page_is_generated_from_the_spec() -> None:
+    page = (Path(__file__).parents[1] / "docs" / "spec.md").read_text()
+    assert written_block(page) == reference(), (
+        "docs/spec.md is stale: python -m batchspec.spec_docs --write docs/spec.md"
     )
 
 
