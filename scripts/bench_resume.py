@@ -9,8 +9,12 @@ Then it checks that every input id is in the output exactly once and every part 
 
     .venv/bin/python scripts/bench_resume.py                  # 10 kills, default test job
     .venv/bin/python scripts/bench_resume.py --trials 20 --workers 2
+    .venv/bin/python scripts/bench_resume.py --job J --trials 2 --no-finish --json
 
-The test suite runs the same trials (tests/test_interrupts.py) through ``kill_trials``.
+The test suite runs the same trials (tests/test_interrupts.py) through this script with
+``--job`` (its own job, kept afterwards), ``--no-finish`` and ``--json``. The final check is
+``batchspec export`` of the output, which refuses an unfinished output and compares every
+committed id with the input's, row for row; the tests check with an oracle of their own.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import yaml
+
+from batchspec.spec_file import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,10 +88,8 @@ def kill_trials(
     seed: int,
     workers: int = 1,
     startup_share: float = 0.2,
-    finish: bool = True,
 ) -> list[Trial]:
-    """Kill -9 a run of ``job`` ``trials`` times at random points; then (``finish``) run it to
-    the end."""
+    """Kill -9 a run of ``job`` ``trials`` times at random points (fewer if it finishes)."""
     rng = random.Random(seed)
     results = []
     for _ in range(trials):
@@ -107,8 +111,11 @@ def kill_trials(
         time.sleep(0.5)  # let the kernel reap the engine processes
         rows, units = _lost_work(out, started)
         results.append(Trial(when, delay, before, committed(out), rows, units))
-    if not finish:
-        return results
+    return results
+
+
+def finish(job: Path) -> None:
+    """Run ``job`` to the end, as the user would after the last kill."""
     final = subprocess.run(
         [sys.executable, "-m", "batchspec", "run", str(job), "--no-progress"],
         capture_output=True,
@@ -116,23 +123,21 @@ def kill_trials(
     )
     if final.returncode != 0:
         raise RuntimeError(f"final run failed:\n{final.stderr[-3000:]}")
-    return results
 
 
-def check_output(out: Path, expected_ids: list[str]) -> None:
-    """Every input id exactly once; every part readable in full."""
-    ids: list[str] = []
-    for part in sorted((out / "parts").glob("*.parquet")):
-        ids += pq.read_table(part).column("id").to_pylist()
-    dupes = len(ids) - len(set(ids))
-    assert dupes == 0, f"{dupes} duplicate ids"
-    assert sorted(ids) == sorted(expected_ids), "output ids differ from input ids"
-    leftovers = [p.name for p in (out / "parts").iterdir() if p.suffix != ".parquet"]
-    assert not leftovers, f"temporary files left in parts/: {leftovers}"
+def check_exported(out: Path, dest: Path) -> str:
+    """``batchspec export`` of the finished output: it proves every input id exactly once, in
+    input order, and reads every part in full. Returns its summary line."""
+    cmd = [sys.executable, "-m", "batchspec", "export", str(out), "--to", str(dest)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"export refused the output:\n{result.stderr[-3000:]}")
+    return result.stdout.strip()
 
 
-def resume_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> tuple[Path, list[str]]:
-    """The default job over the first ``rows`` prompts, small units: many commits to kill."""
+def write_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> Path:
+    """The default job over the first ``rows`` prompts, small units: many commits to kill.
+    Progress is recorded at every heartbeat: it beats often to measure waste precisely."""
     table = pq.read_table(ROOT / "jobs" / "data" / "prompts.parquet").slice(0, rows)
     pq.write_table(table, tmp / "in.parquet")
     job = yaml.safe_load((ROOT / "jobs" / "synth_data.yaml").read_text())
@@ -140,14 +145,31 @@ def resume_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> tuple[P
     job["output"] = {"dir": str(tmp / "out"), "unit_rows": unit_rows}
     job["model"].update(max_model_len=1024, max_num_seqs=8)
     job["sampling"]["max_tokens"] = max_tokens
-    # Progress is recorded at every heartbeat: beat often to measure waste precisely.
     job["execution"] = {"heartbeat_s": 0.2, "lease_timeout_s": 60}
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(job))
-    return path, table.column("id").to_pylist()
+    return path
 
 
-def main() -> None:
+def report(trials: list[Trial], unit_rows: int, workers: int) -> None:
+    """One line per kill, then the waste against its target."""
+    for i, t in enumerate(trials, 1):
+        print(
+            f"kill {i:2d} ({t.when:10s} +{t.delay_s:4.1f} s): committed units "
+            f"{t.committed_before:3d} -> {t.committed_after:3d}, open units {t.units_open}, "
+            f"rows generated twice {t.rows_finished_uncommitted}"
+        )
+    worst = max((t.rows_finished_uncommitted for t in trials), default=0)
+    total = sum(t.rows_finished_uncommitted for t in trials)
+    bound = unit_rows * workers
+    print(
+        f"rows generated twice: {total} in all, worst kill {worst} "
+        f"(target <= {bound}: one unit per worker per kill) -> "
+        f"{'ok' if worst <= bound else 'MISSED'}"
+    )
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--workers", type=int, default=1)
@@ -155,30 +177,34 @@ def main() -> None:
     ap.add_argument("--unit-rows", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument(
+        "--job", type=Path, help="kill runs of this job instead (--rows etc. unused); kept"
+    )
+    ap.add_argument("--no-finish", action="store_true", help="no final run, no check")
+    ap.add_argument("--json", action="store_true", help="print the trials as one JSON line")
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as name:
         tmp = Path(name)
-        job, ids = resume_job(tmp, args.rows, args.unit_rows, args.max_tokens)
-        trials = kill_trials(job, tmp / "out", args.trials, args.seed, args.workers)
-        check_output(tmp / "out", ids)
-        print(
-            f"{len(trials)} kills, {args.workers} worker(s), unit_rows {args.unit_rows}, "
-            f"{args.rows} rows: output complete, every id exactly once, all parts readable"
-        )
-        for i, t in enumerate(trials, 1):
-            print(
-                f"kill {i:2d} ({t.when:10s} +{t.delay_s:4.1f} s): committed units "
-                f"{t.committed_before:3d} -> {t.committed_after:3d}, open units {t.units_open}, "
-                f"rows generated twice {t.rows_finished_uncommitted}"
-            )
-        worst = max((t.rows_finished_uncommitted for t in trials), default=0)
-        total = sum(t.rows_finished_uncommitted for t in trials)
-        bound = args.unit_rows * args.workers
-        print(
-            f"rows generated twice: {total} in all, worst kill {worst} "
-            f"(target <= {bound}: one unit per worker per kill) -> "
-            f"{'ok' if worst <= bound else 'MISSED'}"
-        )
+        job = args.job or write_job(tmp, args.rows, args.unit_rows, args.max_tokens)
+        spec = load_spec(job)
+        out = spec.output_dir
+        trials = kill_trials(job, out, args.trials, args.seed, args.workers)
+        checked = ""
+        if not args.no_finish:
+            finish(job)
+            checked = check_exported(out, tmp / "export")
+        if args.json:
+            print(json.dumps([asdict(t) for t in trials]))
+            return
+        unit_rows = spec.output.unit_rows
+        print(f"{len(trials)} kills, {args.workers} worker(s), unit_rows {unit_rows}: {out}")
+        if checked:
+            print(f"checked: {checked}")
+        report(trials, unit_rows, args.workers)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from slurm_fixture import slurm_cluster  # noqa: F401  (a real one-node Slurm cluster)
+from support.slurm.fixture import slurm_cluster  # noqa: F401  (a real one-node Slurm cluster)
 
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 MAX_TEST_WORKERS = 4

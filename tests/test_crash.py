@@ -17,9 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import ROOT, run_logs
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_resume import check_output, resume_job
+from support.runs import check_output, resume_job
 
 pytestmark = pytest.mark.engine
 

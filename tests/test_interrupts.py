@@ -7,20 +7,30 @@ One output directory serves both kinds of interruption: each costs an engine sta
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, run_cli, run_logs, signal_group
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_resume import check_output, committed, kill_trials, resume_job
+from support.runs import check_output, committed, resume_job
 
 pytestmark = pytest.mark.engine
 
 GRACE_S = 20
 """Time to finish the units in flight: a few seconds here; a generous bound, never waited out."""
+
+
+def kill_trials(job: Path, trials: int, seed: int) -> list[dict[str, Any]]:
+    """The resume benchmark's kill -9 trials on ``job`` (its output kept, not finished)."""
+    bench = [sys.executable, str(ROOT / "scripts" / "bench_resume.py"), "--job", str(job)]
+    args = ["--trials", str(trials), "--seed", str(seed), "--no-finish", "--json"]
+    result = subprocess.run([*bench, *args], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full: bool) -> None:
@@ -30,10 +40,10 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full
     n, seed = (10, 1234) if full else (2, 21)
     job, ids = resume_job(tmp_path, rows=96, unit_rows=4, max_tokens=16)
     out = tmp_path / "out"
-    trials = kill_trials(job, out, trials=n, seed=seed, finish=False)
+    trials = kill_trials(job, trials=n, seed=seed)
     assert len(trials) == n, f"the job finished before {n} kills: give it more work"
-    assert {t.when for t in trials} == {"startup", "generating"}
-    assert sum(t.committed_after > t.committed_before for t in trials) >= n // 2
+    assert {t["when"] for t in trials} == {"startup", "generating"}
+    assert sum(t["committed_after"] > t["committed_before"] for t in trials) >= n // 2
 
     # SIGTERM to the whole process group (as a shell job or `kill -TERM -PGID` sends it): the
     # engine does not see it, so the units in flight finish and the run exits 0, leaving no

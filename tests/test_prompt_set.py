@@ -1,17 +1,32 @@
-"""The shipped prompt set is the build of its JSONL source (the data, not code, is edited)."""
+"""The shipped prompt set is the build of its JSONL source (the data, not code, is edited).
+
+The build script is run as the user runs it (``--check``), so the test needs no import from
+``scripts/``; a second check against a changed copy shows that ``--check`` can fail.
+"""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 from conftest import PROMPTS, ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-from build_prompt_set import build
+BUILD = ROOT / "scripts" / "build_prompt_set.py"
 
 
-def test_parquet_is_built_from_the_jsonl() -> None:
-    built = build(PROMPTS.with_suffix(".jsonl"))
-    assert built.num_rows == 360
-    assert pq.read_table(PROMPTS).equals(built), "rebuild: python scripts/build_prompt_set.py"
+def check(parquet: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(BUILD), "--check", "--out", str(parquet)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_parquet_is_built_from_the_jsonl(tmp_path: Path) -> None:
+    result = check(PROMPTS)
+    assert result.returncode == 0, f"rebuild: python scripts/build_prompt_set.py\n{result}"
+    assert "matches" in result.stdout
+    table = pq.read_table(PROMPTS)
+    assert table.num_rows == 360
+    changed = tmp_path / "changed.parquet"
+    pq.write_table(table.slice(1), changed)
+    assert check(changed).returncode == 1

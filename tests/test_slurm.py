@@ -1,7 +1,7 @@
 """Slurm array jobs against a real one-node cluster (slurm-wlm + munge, started by the tests).
 
 Each array task is a worker of the same run; they meet only in the output directory.
-The ``slurm_cluster`` fixture comes from tests/slurm_fixture.py (through conftest.py).
+The ``slurm_cluster`` fixture comes from tests/support/slurm/fixture.py (through conftest.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import CPU_BIND_ENV, ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_resume import check_output, resume_job
+from support.runs import check_output, resume_job
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("slurm")]
 

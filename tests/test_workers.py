@@ -4,15 +4,12 @@ a signal to the whole process group, and never commit one twice."""
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ROOT, run_cli, run_logs, signal_group
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_resume import check_output, resume_job
+from conftest import run_cli, run_logs, signal_group
+from support.runs import check_output, resume_job
 
 pytestmark = pytest.mark.engine
 

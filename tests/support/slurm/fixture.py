@@ -1,7 +1,7 @@
-"""A session-wide real one-node Slurm cluster for tests (see scripts/slurm_cluster.py).
+"""A session-wide real one-node Slurm cluster for tests (see the package docstring).
 
-Use it from a test module (or conftest.py) with ``from slurm_fixture import slurm_cluster``
-(re-exporting the fixture makes pytest find it), then::
+conftest.py imports the fixture (``from support.slurm.fixture import slurm_cluster``), which
+makes pytest find it in every test module::
 
     def test_array(slurm_cluster, tmp_path):
         job = slurm_cluster.sbatch("--array=0-1", f"--output={tmp_path}/%A_%a.out", "--wrap=true")
@@ -13,17 +13,12 @@ Tests are skipped, with the reason, where Slurm cannot be installed (not root, n
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from slurm_cluster import Cluster, ensure_installed
-
-__all__ = ["Cluster", "slurm_cluster"]
+from .cluster import Cluster
+from .install import ensure_installed
 
 
 @pytest.fixture(scope="session")
