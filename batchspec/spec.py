@@ -24,6 +24,10 @@ from batchspec.spec_keys import (
     OUTPUT_NEUTRAL,
     ROW_SEEDS,
     SPECULATIVE_KEYS_SET,
+    checked_k_grid,
+    k_per_domain,
+    listed_once,
+    no_empty_stop,
     not_set_by_batchspec,
 )
 from batchspec.spec_tree import EngineChoice, TreeSpec, check_speculative, engine_defaults
@@ -62,6 +66,8 @@ class InputSpec(_Section):
     passthrough_columns: list[str] = Field(
         default_factory=list, description="input columns copied to every output row"
     )
+
+    _once = field_validator("passthrough_columns")(listed_once)
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> InputSpec:
@@ -110,7 +116,7 @@ class ModelSpec(_Section):
     enforce_eager: bool = Field(
         False, description="no graph capture / compilation: faster start, slower steps"
     )
-    seed: int = Field(0, description="engine seed")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="engine seed")
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="any other `vllm.LLM` keyword, passed through (in the spec hash: "
@@ -206,20 +212,8 @@ class SpeculativeSpec(_Section):
     def _not_set_here(cls, v: dict[str, Any]) -> dict[str, Any]:
         return not_set_by_batchspec(v, SPECULATIVE_KEYS_SET)
 
-    @field_validator("per_domain")
-    @classmethod
-    def _k_range(cls, v: dict[str, int]) -> dict[str, int]:
-        for domain, k in v.items():
-            if not 0 <= k <= 64:
-                raise ValueError(f"K for domain {domain!r} must be in 0..64, got {k}")
-        return v
-
-    @field_validator("k_grid")
-    @classmethod
-    def _grid(cls, v: list[int]) -> list[int]:
-        if not v or any(not 0 <= k <= 64 for k in v):
-            raise ValueError("k_grid must be a non-empty list of K in 0..64")
-        return sorted(set(v))
+    _k_range = field_validator("per_domain")(k_per_domain)
+    _grid = field_validator("k_grid")(checked_k_grid)
 
     _engine = model_validator(mode="before")(engine_defaults)
     _checked = model_validator(mode="after")(check_speculative)
@@ -246,6 +240,8 @@ class SamplingSpec(_Section):
         description="per-row seed base: row *i* of file *f* samples with a seed derived from "
         "(seed, f, i), so a row's sample does not depend on its batch; none = unseeded",
     )
+
+    _stops = field_validator("stop")(no_empty_stop)
 
 
 class ExecutionSpec(_Section):

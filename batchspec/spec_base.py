@@ -1,5 +1,5 @@
-"""What every spec section shares: unknown keys are errors, and how the reference shows a
-default that is not a plain value."""
+"""What every spec section shares: unknown keys and loosely typed values are errors, and how
+the reference shows a default that is not a plain value."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ def _shown(default: str) -> dict[str, Any]:
 
 
 class _Section(BaseModel):
-    """Base for every section: unknown keys are errors, not silently ignored."""
+    """Base for every section: unknown keys are errors, not silently ignored; and values keep
+    their YAML type (strict): ``max_tokens: true`` or ``temperature: yes`` is an error, not 1
+    and 1.0. An integer still serves where a float is expected (``temperature: 1``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)

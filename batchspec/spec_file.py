@@ -6,6 +6,7 @@ file, and where YAML broke, the line and column.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,48 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise UserError(f"--set {key}: value is not valid YAML ({problem})") from None
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem, field path first, the way a user would look it up."""
-    parts = []
+Override = tuple[tuple[str, ...], str]
+"""A ``--set`` item: the key path it sets, and the item as the user typed it."""
+
+
+def _in_file(data: Any, loc: tuple[Any, ...]) -> bool:
+    """Whether the spec file itself holds something at ``loc``."""
+    for key in loc:
+        in_dict = isinstance(data, dict) and key in data
+        if not (in_dict or (isinstance(data, list) and isinstance(key, int) and key < len(data))):
+            return False
+        data = data[key]
+    return True
+
+
+def _blame(loc: tuple[Any, ...], file_data: dict[str, Any], overrides: list[Override]) -> str:
+    """Who gave the value at ``loc``: the ``--set`` items at, above or below it (``--set
+    foo.bar=1`` for an unknown ``foo``), with the file named too where they only changed a
+    section the file holds; ``""`` for the file alone."""
+    where = tuple(str(x) for x in loc)
+    hits, whole = [], False
+    for keys, item in reversed(overrides):
+        n = min(len(keys), len(where))
+        if where and keys[:n] == where[:n]:
+            hits.insert(0, f"--set {item}")
+            whole = len(keys) <= len(where)
+            if whole:
+                break  # it set the whole value: earlier items are gone
+    if not hits:
+        return ""
+    given = " ".join(hits)
+    return given if whole or not _in_file(file_data, loc) else f"with {given}"
+
+
+def format_validation_error(
+    exc: ValidationError,
+    source: str,
+    file_data: dict[str, Any] | None = None,
+    overrides: list[Override] | None = None,
+) -> str:
+    """One line, field path first, the way a user would look it up; each problem blamed on
+    the file ``source`` or on the ``--set`` that gave the value."""
+    parts, last = [], None
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"]
@@ -59,8 +99,11 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             shown = repr(err["input"])
             if len(shown) <= 60:
                 msg += f" (got {shown})"
-        parts.append(f"{loc}: {msg}")
-    return f"{source}: " + "; ".join(parts)
+        blame = _blame(err["loc"], file_data or {}, overrides or [])
+        origin = blame if blame.startswith("--set") else f"{source} {blame}".strip()
+        parts.append(f"{loc}: {msg}" if origin == last else f"{origin}: {loc}: {msg}")
+        last = origin
+    return "; ".join(parts)
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
@@ -79,13 +122,16 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         raise UserError(f"{path}: invalid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: a job spec is a YAML mapping with input, output and model")
+    file_data = copy.deepcopy(data)
+    given: list[Override] = []
     for item in overrides:
         key, value = parse_override(item)
         _set_path(data, key, value)
+        given.append((tuple(key.split(".")), item))
     data.pop("base_dir", None)
     try:
         return JobSpec(**data, base_dir=str(path.resolve().parent))
     except ValidationError as exc:
-        raise UserError(format_validation_error(exc, str(path))) from None
+        raise UserError(format_validation_error(exc, str(path), file_data, given)) from None
     except TypeError as exc:
         raise UserError(f"{path}: {exc}") from None

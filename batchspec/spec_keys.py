@@ -1,5 +1,6 @@
-"""Spec keys with a rule of their own: which ones leave outputs unchanged (not hashed), and
-which vLLM keywords batchspec sets itself (not to be passed through)."""
+"""Spec keys with a rule of their own: which ones leave outputs unchanged (not hashed), which
+vLLM keywords batchspec sets itself (not to be passed through), and value checks that vLLM
+would otherwise make only once an engine is up."""
 
 from __future__ import annotations
 
@@ -73,3 +74,33 @@ def not_set_by_batchspec(given: dict[str, Any], owned: dict[str, str]) -> dict[s
         if key in owned:
             raise ValueError(f"{key!r} is set by batchspec: {owned[key]}")
     return given
+
+
+def listed_once(names: list[str]) -> list[str]:
+    """``names`` as they are, or a ValueError naming the first one listed twice."""
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise ValueError(f"{twice[0]!r} is listed twice")
+    return names
+
+
+def no_empty_stop(stops: list[str]) -> list[str]:
+    """An empty stop string matches at once: vLLM refuses it when the first request arrives."""
+    if "" in stops:
+        raise ValueError("an empty stop string would end every row before its first token")
+    return stops
+
+
+def k_per_domain(ks: dict[str, int]) -> dict[str, int]:
+    """``speculative.per_domain``: every K in 0..64."""
+    for domain, k in ks.items():
+        if not 0 <= k <= 64:
+            raise ValueError(f"K for domain {domain!r} must be in 0..64, got {k}")
+    return ks
+
+
+def checked_k_grid(ks: list[int]) -> list[int]:
+    """``speculative.k_grid``, sorted and without repeats: K in 0..64, at least one."""
+    if not ks or any(not 0 <= k <= 64 for k in ks):
+        raise ValueError("k_grid must be a non-empty list of K in 0..64")
+    return sorted(set(ks))

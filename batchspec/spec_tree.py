@@ -137,6 +137,12 @@ def check_speculative(s: Any) -> Any:
     """Check the speculative section ``s`` as a whole: the engine against the method
     (``auto`` needs a method both engines serve the same way, since the run takes whichever
     ``batchspec tune`` measured faster), the draft, and the n-gram lookup bounds."""
+    if s.engine == "vllm" and s.tree is not None:
+        # A tree the engine cannot draft would be dropped without a word.
+        raise ValueError(
+            "speculative.tree is set but speculative.engine is vllm, which drafts chains "
+            "only: set engine to tree (or auto), or remove the tree key"
+        )
     if s.engine == "auto":
         if s.method not in ("ngram", "draft_model"):
             raise ValueError(

@@ -137,10 +137,9 @@ def test_an_auto_job_without_a_tuning_file_is_refused_before_any_engine(tmp_path
     assert "speculative.engine: auto" in result.stderr and "batchspec tune" in result.stderr
     assert "Traceback" not in result.stderr
     assert not list((tmp_path / "out").glob("parts/*.parquet"))
-    result = run_cli("validate", str(auto_job(tmp_path)))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "engine: auto: the faster of batchspec's tree engine" in result.stdout
-    assert "not routed yet" in result.stdout
+    result = run_cli("validate", str(auto_job(tmp_path)))  # refuses what run refuses
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "speculative.engine: auto" in result.stderr and "batchspec tune" in result.stderr
 
 
 def test_a_job_that_may_run_on_vllm_is_refused_where_vllm_is_missing(

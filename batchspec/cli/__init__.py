@@ -12,6 +12,7 @@ import os
 import click
 
 from batchspec.cli import cluster, jobs, observe, verify
+from batchspec.cli.common import examples
 
 
 def _quiet_libraries() -> None:
@@ -21,11 +22,26 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@click.group()
+@click.group(
+    # -h everywhere (subcommands inherit it); bare `batchspec` shows the help and exits 0.
+    context_settings={"help_option_names": ["-h", "--help"]},
+    invoke_without_command=True,
+    epilog=examples(
+        "batchspec validate jobs/synth_data.yaml    # check a job; starts nothing",
+        "batchspec run jobs/synth_data.yaml         # generate; run again to resume",
+        "batchspec status out/synth_data            # from any node, while it runs",
+        "batchspec report out/synth_data            # tokens/s, acceptance and K per domain",
+        "batchspec export out/synth_data --to ds    # the rows as a Hugging Face dataset",
+    ),
+)
 @click.version_option(package_name="batchspec")
-def main() -> None:
-    """Batch offline generation over Parquet with speculative decoding on vLLM."""
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """Batch offline generation over Parquet with speculative decoding (on vLLM, or on
+    batchspec's own draft-tree engine). COMMAND -h shows a command's options and examples."""
     _quiet_libraries()
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
 
 
 for command in (jobs.run, jobs.validate, jobs.tune, observe.status, observe.report, observe.export):

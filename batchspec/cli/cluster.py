@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 import click
 
 from batchspec.cli.common import (
+    examples,
     job_argument,
     limit_option,
     load_job,
     output_option,
     set_option,
     user_errors,
+    verbose_option,
 )
 from batchspec.cli.observe import existing_out, lease_timeout_option, out_argument, print_status
 from batchspec.errors import UserError
@@ -23,12 +25,53 @@ if TYPE_CHECKING:
     from batchspec.spec import JobSpec
 
 
-@click.group()
+@click.group(
+    short_help="Run a job as a Slurm array (submit, status).",
+    epilog=examples(
+        "batchspec slurm submit job.yaml --tasks 8 --gpus-per-task 1 --time 4:00:00",
+        "batchspec slurm status out/synth_data",
+    ),
+)
 def slurm() -> None:
     """Run a job as a Slurm array: each array task is one worker of the run."""
 
 
-@slurm.command("submit", context_settings={"ignore_unknown_options": True})
+def _sbatch_args(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Each extra argument becomes one ``#SBATCH`` line, so each must be a whole option:
+    ``--qos=high``, not ``--qos high`` (whose ``high`` would be a line of its own)."""
+    for arg in value:
+        if not arg.startswith("-"):
+            raise click.BadParameter(
+                f"{arg!r} is not an sbatch option; give each as one argument (--qos=high)"
+            )
+    return value
+
+
+def _slurm_time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """``--time`` as Slurm reads it, refused here rather than by sbatch after the output
+    directory is bound."""
+    from batchspec.cluster.slurm import time_limit_s
+
+    if value is not None:
+        try:
+            time_limit_s(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+@slurm.command(
+    "submit",
+    context_settings={"ignore_unknown_options": True},
+    short_help="Submit JOB as a Slurm array of workers.",
+    epilog=examples(
+        "batchspec slurm submit job.yaml --tasks 8 --gpus-per-task 1 --time 4:00:00",
+        "batchspec slurm submit job.yaml --tasks 4 --dry-run     # print the script only",
+        "batchspec slurm submit job.yaml --tasks 2 --qos=high    # other options: to sbatch",
+    ),
+)
 @job_argument
 @click.option(
     "--tasks",
@@ -46,7 +89,12 @@ def slurm() -> None:
 )
 @click.option("--cpus-per-task", type=click.IntRange(min=1), help="CPUs per task.")
 @click.option("--partition", help="Slurm partition.")
-@click.option("--time", "time_limit", help="Time limit per task (Slurm format, e.g. 4:00:00).")
+@click.option(
+    "--time",
+    "time_limit",
+    callback=_slurm_time,
+    help="Time limit per task (Slurm format, e.g. 4:00:00 or 1-12).",
+)
 @click.option("--account", help="Slurm account.")
 @click.option(
     "--signal-lead",
@@ -59,7 +107,8 @@ def slurm() -> None:
 @limit_option
 @set_option
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script, submit nothing.")
-@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+@verbose_option(expose=True)
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, callback=_sbatch_args)
 @user_errors
 def slurm_submit(
     job: str,
@@ -74,15 +123,15 @@ def slurm_submit(
     limit: int | None,
     overrides: tuple[str, ...],
     dry_run: bool,
+    verbose: bool,
     sbatch_args: tuple[str, ...],
 ) -> None:
     """Submit JOB as an array of TASKS workers; extra SBATCH_ARGS go to sbatch as they are."""
-    from batchspec.cluster.slurm import SubmitOptions, render_script, submit
-    from batchspec.io.checks import preflight
-    from batchspec.work.worker import prepare_run
+    from batchspec.cluster.slurm import SubmitOptions, render_script, slurm_cmd, submit
+    from batchspec.work.worker import check_run, prepare_run
 
     spec = load_job(job, overrides, output)
-    _check_submit(spec, gpus_per_task, signal_lead)
+    _check_submit(spec, gpus_per_task, signal_lead, time_limit)
     tp = spec.model.tensor_parallel_size
     out = OutDir(spec.output_dir)
     opts = SubmitOptions(
@@ -99,11 +148,13 @@ def slurm_submit(
     run_args = [f"--set={o}" for o in overrides]
     if limit is not None:
         run_args += ["--limit", str(limit)]
+    run_args += ["--verbose"] if verbose else []
     script = render_script(Path(job).resolve(), out, run_args, opts, max(1, gpus_per_task // tp))
     if dry_run:
-        preflight(spec, limit)  # checked, but the output directory is left alone
+        check_run(spec, limit)  # checked, but the output directory is left alone
         click.echo(script, nl=False)
         return
+    slurm_cmd("sbatch")  # no Slurm here: refused before the output directory is touched
     # Everything checked and the output directory bound before anything is queued.
     _, todo, _ = prepare_run(spec, limit)
     if not todo:
@@ -116,7 +167,11 @@ def slurm_submit(
     click.echo(job_id)
 
 
-def _check_submit(spec: JobSpec, gpus_per_task: int, signal_lead: int) -> None:
+def _check_submit(
+    spec: JobSpec, gpus_per_task: int, signal_lead: int, time_limit: str | None
+) -> None:
+    from batchspec.cluster.slurm import time_limit_s
+
     tp = spec.model.tensor_parallel_size
     if gpus_per_task and gpus_per_task % tp:
         raise UserError(
@@ -127,9 +182,19 @@ def _check_submit(spec: JobSpec, gpus_per_task: int, signal_lead: int) -> None:
             f"--signal-lead {signal_lead} must exceed execution.shutdown_grace_s "
             f"{spec.execution.shutdown_grace_s:g}, or the limit kills tasks mid-unit"
         )
+    limit_s = time_limit_s(time_limit) if time_limit is not None else None
+    if limit_s is not None and signal_lead >= limit_s:
+        raise UserError(
+            f"--signal-lead {signal_lead} must be shorter than --time {time_limit} "
+            f"({limit_s} s), or tasks are told to stop as they start"
+        )
 
 
-@slurm.command("status")
+@slurm.command(
+    "status",
+    short_help="Slurm task states and the run's status.",
+    epilog=examples("batchspec slurm status out/synth_data"),
+)
 @out_argument
 @lease_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="The stable JSON form (README: status).")
@@ -139,12 +204,19 @@ def slurm_status(out_dir: str, lease_timeout: float, as_json: bool) -> None:
     print_status(existing_out(out_dir), lease_timeout, as_json)
 
 
-@click.group()
+@click.group(
+    short_help="Embedded models: list, prepare.",
+    epilog=examples("batchspec models list", "batchspec models prepare smollm2-135m-instruct"),
+)
 def models() -> None:
     """Embedded models: prepare them once into the local cache."""
 
 
-@models.command("prepare")
+@models.command(
+    "prepare",
+    short_help="Convert an embedded model for vLLM (once).",
+    epilog=examples("batchspec models prepare", "batchspec models prepare --force"),
+)
 @click.argument("name", required=False, default="smollm2-135m-instruct")
 @click.option("--force", is_flag=True, help="Rebuild even if already prepared.")
 @user_errors
@@ -155,7 +227,11 @@ def models_prepare(name: str, force: bool) -> None:
     click.echo(prepare(name, force=force))
 
 
-@models.command("list")
+@models.command(
+    "list",
+    short_help="Embedded models and whether they are prepared.",
+    epilog=examples("batchspec models list"),
+)
 def models_list() -> None:
     """Embedded models and whether they are prepared."""
     from batchspec.models import BUILTIN_PREFIX, EMBEDDED, embedded_dir, is_prepared

@@ -1,8 +1,10 @@
-"""What every command shares: one-line user errors, loading a spec, the common options."""
+"""What every command shares: one-line user errors, loading a spec, the common options, the
+examples at the end of each ``--help``."""
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,3 +57,31 @@ output_option = click.option(
 limit_option = click.option(
     "--limit", type=click.IntRange(min=1), help="Only the first N rows of the input."
 )
+
+
+VERBOSE_ENV = "BATCHSPEC_VERBOSE"
+"""Set to 1 by ``--verbose``: the engines' own logs go to the terminal, not only to the run's
+log file. Engine processes inherit it."""
+
+
+def _set_verbose(_ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    # Set while the command's options are parsed, so before any engine starts.
+    if value:
+        os.environ[VERBOSE_ENV] = "1"
+    return value
+
+
+def verbose_option(expose: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--verbose``; ``expose``: the command gets it as an argument too (to pass it on)."""
+    return click.option(
+        "--verbose",
+        is_flag=True,
+        callback=_set_verbose,
+        expose_value=expose,
+        help="Show the engines' own logs live (else they go to the run's log file only).",
+    )
+
+
+def examples(*lines: str) -> str:
+    """A ``--help`` epilog of example command lines, kept as written (click's ``\\b``)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 import click
 
 from batchspec.cli.common import (
+    examples,
     job_argument,
     limit_option,
     load_job,
     output_option,
     set_option,
     user_errors,
+    verbose_option,
 )
 from batchspec.errors import UserError
 
@@ -32,11 +34,19 @@ def _print_run(stats: RunStats) -> None:
     click.echo(run_summary(stats))
 
 
-@click.command()
+@click.command(
+    short_help="Generate the rows of JOB not yet in its output directory.",
+    epilog=examples(
+        "batchspec run jobs/synth_data.yaml",
+        "batchspec run job.yaml --limit 100 --output out/try --set sampling.max_tokens=64",
+        "batchspec run job.yaml --workers 4      # 4 workers on this node's GPUs or cores",
+    ),
+)
 @job_argument
 @output_option
 @limit_option
 @set_option
+@verbose_option()
 @click.option("--no-progress", is_flag=True, help="No progress bar or progress lines.")
 @click.option(
     "--log-every",
@@ -68,7 +78,8 @@ def run(
     workers: int,
     retry_errors: bool,
 ) -> None:
-    """Generate every row of JOB that is not yet in its output directory."""
+    """Generate every row of JOB that is not yet in its output directory; run it again to
+    resume after a stop or a crash."""
     from batchspec.work.worker import run_job
 
     spec = load_job(job, overrides, output)
@@ -124,17 +135,24 @@ def _run_workers(
         sys.exit(1)
 
 
-@click.command()
+@click.command(
+    short_help="Check JOB (spec, input, models, output directory).",
+    epilog=examples(
+        "batchspec validate jobs/synth_data.yaml",
+        "batchspec validate job.yaml --limit 100 --set speculative.method=none",
+    ),
+)
 @job_argument
 @limit_option
 @set_option
 @user_errors
 def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
-    """Check JOB's spec, input files and columns, model paths and draft tokenizer."""
-    from batchspec.io.checks import preflight
+    """Check JOB's spec, input files and columns, model paths, draft tokenizer and output
+    directory, everything a run checks first, and start nothing."""
+    from batchspec.work.worker import check_run
 
     spec = load_job(job, overrides, None)
-    pre = preflight(spec, limit)
+    pre, _ = check_run(spec, limit)  # what a run checks first, nothing written
     click.echo(f"spec: ok ({job}, hash {spec.content_hash()})")
     click.echo(f"input: {len(pre.files)} file(s), {pre.num_rows} rows, {len(pre.units)} units")
     domains = ", ".join(f"{d}={n}" for d, n in sorted(pre.domains().items(), key=str))
@@ -163,15 +181,18 @@ def _engine_line(spec: JobSpec, pre: Preflight) -> str:
     chains = f"vLLM, {s.method} chains, K={s.num_speculative_tokens}{draft}"
     if s.engine != "auto":
         return tree if s.engine == "tree" else chains
-    try:
-        routed = route_job(spec, OutDir(spec.output_dir)).speculative.engine
-        how = f"{routed}, as batchspec tune measured at batch {spec.model.max_num_seqs}"
-    except UserError as exc:
-        how = f"not routed yet ({exc})"
+    routed = route_job(spec, OutDir(spec.output_dir)).speculative.engine  # checked: routed
+    how = f"{routed}, as batchspec tune measured at batch {spec.model.max_num_seqs}"
     return f"auto: the faster of {tree}, and {chains}; now {how}"
 
 
-@click.command()
+@click.command(
+    short_help="Measure tokens/s per K and domain; write tuning.json.",
+    epilog=examples(
+        "batchspec tune jobs/synth_data.yaml",
+        "batchspec tune job.yaml --sample 32 --batch 1,8,64   # then: batchspec run job.yaml",
+    ),
+)
 @job_argument
 @output_option
 @click.option(
@@ -184,6 +205,7 @@ def _engine_line(spec: JobSpec, pre: Preflight) -> str:
 )
 @click.option("--batch", "batches", help="Comma list of max_num_seqs to sweep (default: job's).")
 @set_option
+@verbose_option()
 @user_errors
 def tune(
     job: str,
@@ -200,7 +222,9 @@ def tune(
     try:
         sizes = [int(b) for b in batches.split(",")] if batches else [spec.model.max_num_seqs]
     except ValueError:
-        raise UserError(f"--batch {batches!r}: expected a comma list of integers") from None
+        sizes = [0]
+    if min(sizes) < 1:
+        raise UserError(f"--batch {batches!r}: expected a comma list of batch sizes >= 1")
     path = OutDir(spec.output_dir).tuning
     rows = ", ".join(f"{max(sample, b)} at batch {b}" for b in sizes)
     click.echo(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from batchspec.cli.common import user_errors
+from batchspec.cli.common import examples, user_errors
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 
@@ -15,9 +15,11 @@ out_argument = click.argument("out_dir", type=click.Path(file_okay=False))
 
 
 def existing_out(out_dir: str) -> OutDir:
+    """OUT_DIR if it is an output directory (``status.check_output_dir``), else a UserError."""
+    from batchspec.observe.status import check_output_dir
+
     out = OutDir(out_dir)
-    if not out.root.is_dir():
-        raise UserError(f"{out_dir}: no such output directory")
+    check_output_dir(out)
     return out
 
 
@@ -43,14 +45,20 @@ def print_status(out: OutDir, lease_timeout: float, as_json: bool) -> None:
 
 lease_timeout_option = click.option(
     "--lease-timeout",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=300.0,
     show_default=True,
     help="Leases (and workers' progress records) older than this are reported stale (dead).",
 )
 
 
-@click.command()
+@click.command(
+    short_help="Units, rows, throughput, ETA and K of a run.",
+    epilog=examples(
+        "batchspec status out/synth_data",
+        "batchspec status out/synth_data --json     # the stable form, for scripts",
+    ),
+)
 @out_argument
 @lease_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="The stable JSON form (README: status).")
@@ -60,7 +68,13 @@ def status(out_dir: str, lease_timeout: float, as_json: bool) -> None:
     print_status(existing_out(out_dir), lease_timeout, as_json)
 
 
-@click.command()
+@click.command(
+    short_help="Per-domain table of a run's output, and plots.",
+    epilog=examples(
+        "batchspec report out/synth_data",
+        "batchspec report out/synth_data --markdown --plots out/synth_data/plots",
+    ),
+)
 @out_argument
 @click.option("--plots", type=click.Path(file_okay=False), help="Write PNG plots into DIR.")
 @click.option("--markdown", is_flag=True, help="The table in Markdown.")
@@ -86,7 +100,13 @@ def report(out_dir: str, plots: str | None, markdown: bool) -> None:
             click.echo(f"plot: {path}", err=markdown)
 
 
-@click.command()
+@click.command(
+    short_help="Write a run's rows as a Hugging Face dataset.",
+    epilog=examples(
+        "batchspec export out/synth_data --to datasets/synth_data",
+        "batchspec export out/synth_data --to datasets/so_far --allow-unfinished",
+    ),
+)
 @out_argument
 @click.option("--to", "dest", required=True, type=click.Path(), help="New dataset folder.")
 @click.option(

@@ -7,7 +7,15 @@ from typing import Any
 
 import click
 
-from batchspec.cli.common import job_argument, load_job, output_option, set_option, user_errors
+from batchspec.cli.common import (
+    examples,
+    job_argument,
+    load_job,
+    output_option,
+    set_option,
+    user_errors,
+    verbose_option,
+)
 
 EXIT_FAILED = 1
 """Speculation changed the output (or the sample held nothing to test)."""
@@ -53,7 +61,14 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-@click.command()
+@click.command(
+    short_help="Check that speculation leaves JOB's outputs unchanged.",
+    epilog=examples(
+        "batchspec verify jobs/synth_data.yaml",
+        "batchspec verify job.yaml --rows 48 --k 5       # every domain at K=5",
+        "batchspec verify job.yaml --set sampling.temperature=0.8 --samples 400",
+    ),
+)
 @job_argument
 @output_option
 @click.option("--rows", type=click.IntRange(min=1), default=24, show_default=True,
@@ -74,6 +89,7 @@ def format_report(report: dict[str, Any]) -> str:
               help="Greedy jobs: skip the float32 identity pass (models too big for float32); "
               "the job's own dtype is still checked.")  # fmt: skip
 @set_option
+@verbose_option()
 @user_errors
 def verify(
     job: str,
@@ -88,12 +104,14 @@ def verify(
     overrides: tuple[str, ...],
 ) -> None:
     """Check that JOB's speculation leaves the target's output distribution unchanged."""
+    from batchspec.io.checks import check_output_dir
     from batchspec.io.layout import OutDir
     from batchspec.speculation.route import route_job
     from batchspec.speculation.verify import verify as run_verify
     from batchspec.speculation.verify import write_report
 
     spec = load_job(job, overrides, output)
+    check_output_dir(spec.output_dir)  # before the route reads a tuning file there
     spec = route_job(spec, OutDir(spec.output_dir))  # engine auto: the one the job runs on
     s = spec.speculative
     ks = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -98,7 +99,33 @@ def _sbatch_options(opts: SubmitOptions, log_dir: Path) -> list[str]:
     return lines
 
 
-def _slurm_cmd(name: str) -> str:
+TIME_FORMAT = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
+"""Slurm's ``--time``: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``."""
+
+
+def time_limit_s(text: str) -> int | None:
+    """Seconds of a Slurm ``--time`` value; None for no limit (``UNLIMITED``, ``INFINITE``,
+    0); ValueError for anything Slurm would refuse at submission."""
+    if text.strip().upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    m = TIME_FORMAT.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(
+            f"{text!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, "
+            "UNLIMITED)"
+        )
+    d, h, dm, ds, a, b, c = (int(x) if x else 0 for x in m.groups())
+    if m.group(1) is not None:
+        seconds = ((d * 24 + h) * 60 + dm) * 60 + ds
+    elif m.group(7) is not None:
+        seconds = (a * 60 + b) * 60 + c  # HH:MM:SS
+    else:
+        seconds = a * 60 + b  # MM or MM:SS
+    return seconds or None
+
+
+def slurm_cmd(name: str) -> str:
+    """The path of a Slurm client command, or a UserError where Slurm is not installed."""
     path = shutil.which(name)
     if path is None:
         raise UserError(f"{name} not found: batchspec slurm needs the Slurm client commands")
@@ -107,16 +134,16 @@ def _slurm_cmd(name: str) -> str:
 
 def submit(script: str, out: OutDir, opts: SubmitOptions) -> str:
     """Write the script into OUT/slurm/, sbatch it, record the job; returns the job id."""
+    sbatch = slurm_cmd("sbatch")  # before anything is written
     log_dir = out.slurm
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"submit-{time.strftime('%Y%m%dT%H%M%S')}.sbatch"
     path.write_text(script)
     path.chmod(0o755)
-    result = subprocess.run(
-        [_slurm_cmd("sbatch"), "--parsable", str(path)], capture_output=True, text=True
-    )
+    result = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
     if result.returncode != 0:
-        raise UserError(f"sbatch refused {path}: {result.stderr.strip() or result.stdout.strip()}")
+        said = " / ".join((result.stderr or result.stdout).strip().splitlines())
+        raise UserError(f"sbatch refused {path}: {said}")
     job_id = result.stdout.strip().split(";")[0]
     with open(out.slurm_jobs, "a") as fh:
         fh.write(

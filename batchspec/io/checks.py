@@ -1,13 +1,17 @@
 """Pre-flight checks: everything that can be wrong with a job, found before an engine starts.
 
 ``batchspec validate`` runs them and prints what it found; ``batchspec run`` runs them first
-too, so that a typo in a column name costs a second, not an engine start.
+too, so that a typo in a column name costs a second, not an engine start. What is suspicious
+but may be meant (a ``per_domain`` entry for a domain the input lacks) is a warning on stderr.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,8 @@ class Preflight:
     draft_dir: Path | None
     reader: UnitReader
     """Reads the planned units' rows; ``run`` stages the input through it (``stage``)."""
+    warnings: list[str]
+    """Suspicious but allowed, already printed on stderr."""
 
     @property
     def num_rows(self) -> int:
@@ -83,8 +89,10 @@ def compare_tokenizers(target: Any, draft: Any) -> str | None:
 
 
 def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
-    """Check spec, input files, columns, ids, models and draft tokenizer; plan the units."""
+    """Check spec, output directory, input files, columns, ids, models and draft tokenizer;
+    plan the units."""
     inp = spec.input
+    check_output_dir(spec.output_dir)
     files = spec.input_files()
     types = check_columns(files, inp)
     clash = sorted(RESERVED.intersection(inp.passthrough_columns))
@@ -125,7 +133,51 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
         raise UserError(f"input.path: {inp.path} holds no rows")
     check_ids(files, inp.id_column, limit)
     reader = UnitReader(inp, spec.output.unit_rows, units)
-    return Preflight(files, types, units, target, tok_dir, draft, reader)
+    warnings = domain_warnings(spec, units, limit)
+    for warning in warnings:
+        print(f"batchspec: warning: {warning}", file=sys.stderr)
+    return Preflight(files, types, units, target, tok_dir, draft, reader, warnings)
+
+
+def check_output_dir(path: Path) -> None:
+    """``output.dir`` must be a directory this process can create and write in, found here
+    rather than as a traceback from the run's first write. Tried by creating (and removing)
+    a directory in it, or where it will be created: permission bits do not tell (root, read-only
+    mounts, /proc)."""
+    where = path
+    while not os.path.lexists(where) and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        under = "" if where == path else f" lies under {where}, which"
+        raise UserError(f"output.dir: {path}{under} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".batchspec-probe-", dir=where))
+    except OSError as exc:
+        how = "cannot write in it" if where == path else f"cannot be created in {where}"
+        raise UserError(f"output.dir: {path}: {how} ({exc.strerror})") from None
+
+
+def domain_warnings(spec: JobSpec, units: list[WorkUnit], limit: int | None) -> list[str]:
+    """``per_domain`` entries (K, tree shapes) that name no domain of the input: a typo, or a
+    domain this input lacks; either way they change nothing."""
+    known = sorted({u.domain for u in units if u.domain is not None})
+    s = spec.speculative
+    tables = {"speculative.per_domain": s.per_domain}
+    if s.tree is not None:
+        tables["speculative.tree.per_domain"] = s.tree.per_domain
+    where = f"the first {limit} rows" if limit is not None else "the input"
+    if spec.input.domain_column is None:
+        known_text = "input.domain_column is not set (no domains)"
+    elif known:
+        known_text = f"the domains of {where} are {', '.join(known)}"
+    else:
+        known_text = f"no row of {where} has a domain"
+    warnings = []
+    for key, table in tables.items():
+        unknown = [d for d in table if d not in known]
+        if unknown:
+            warnings.append(f"{key}: {', '.join(unknown)} named, but {known_text}; ignored")
+    return warnings
 
 
 def check_draft_layers(layers: list[int], model_dir: Path) -> None:

@@ -58,14 +58,26 @@ def check_columns(files: list[Path], spec: InputSpec) -> dict[str, pa.DataType]:
         pa.types.is_string(prompt_type) or pa.types.is_large_string(prompt_type)
     ):
         raise UserError(f"input.prompt_column {prompt_col!r} must hold strings, not {prompt_type}")
-    if spec.messages_column and not (
-        pa.types.is_list(prompt_type) or pa.types.is_large_list(prompt_type)
-    ):
+    if spec.messages_column and not _is_chat(prompt_type):
         raise UserError(
-            f"input.messages_column {prompt_col!r} must hold lists of {{role, content}}, "
-            f"not {prompt_type}"
+            f"{files[0]}: input.messages_column {prompt_col!r} must hold lists of "
+            f"{{role: string, content: string}} structs, not {prompt_type}"
         )
     return types
+
+
+def _is_chat(typ: pa.DataType) -> bool:
+    """A list of structs with string ``role`` and ``content`` (other fields may come along)."""
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
+        return False
+    item = typ.value_type
+    if not pa.types.is_struct(item):
+        return False
+    names = [item.field(i).name for i in range(item.num_fields)]
+    text = (pa.types.is_string, pa.types.is_large_string)
+    return all(
+        key in names and any(ok(item.field(key).type) for ok in text) for key in ("role", "content")
+    )
 
 
 def _field_of(spec: InputSpec, col: str) -> str:

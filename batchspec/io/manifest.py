@@ -93,16 +93,28 @@ def claim_output_dir(out: OutDir, manifest: Manifest) -> Manifest:
         tmp.unlink()
     existing = read_manifest(out)
     assert existing is not None
-    if existing.identity() != manifest.identity():
-        what = []
-        if existing.spec_hash != manifest.spec_hash:
-            what.append("a different job spec")
-        if existing.input_fingerprint != manifest.input_fingerprint:
-            what.append("a different input")
-        if existing.limit != manifest.limit:
-            what.append(f"--limit {existing.limit} (this run: {manifest.limit})")
-        raise UserError(
-            f"{out}: holds a run with {' and '.join(what)}; refusing to mix them "
-            "(write elsewhere with --output DIR)"
-        )
+    check_bound(out, manifest, existing)
     return existing
+
+
+def _limit(limit: int | None) -> str:
+    return "no --limit" if limit is None else f"--limit {limit}"
+
+
+def check_bound(out: OutDir, manifest: Manifest, existing: Manifest | None = None) -> None:
+    """Refuse a run whose spec, input or ``--limit`` differ from the run ``out`` is bound to
+    (``existing``, else its manifest if any); reads only, so ``validate`` checks it too."""
+    existing = existing or read_manifest(out)
+    if existing is None or existing.identity() == manifest.identity():
+        return
+    what = []
+    if existing.spec_hash != manifest.spec_hash:
+        what.append("a different job spec")
+    if existing.input_fingerprint != manifest.input_fingerprint:
+        what.append("a different input")
+    if existing.limit != manifest.limit:
+        what.append(f"{_limit(existing.limit)} (this run: {_limit(manifest.limit)})")
+    raise UserError(
+        f"{out}: holds a run with {' and '.join(what)}; refusing to mix them "
+        "(write elsewhere with --output DIR)"
+    )

@@ -41,6 +41,8 @@ class RunStatus:
     throughput: list[dict[str, Any]] = field(default_factory=list)
     eta_s: float | None = None
     time: float = 0.0
+    started: bool = True
+    """False for a directory that ``batchspec tune`` wrote into but no run has bound yet."""
 
     @property
     def units_pending(self) -> int:
@@ -52,6 +54,8 @@ class RunStatus:
 
     @property
     def state(self) -> str:
+        if not self.started:
+            return "not started"
         if self.complete:
             return "complete"
         return "running" if any(w["state"] == "live" for w in self.workers) else "stopped"
@@ -110,10 +114,24 @@ def _worker_state(record: dict[str, Any], now: float, lease_timeout_s: float) ->
     return "live"
 
 
+def check_output_dir(out: OutDir) -> None:
+    """The one rule of ``status``, ``report`` and ``export``: a directory that batchspec run
+    or tune wrote into (its manifest, or a tuning file) is an output directory, even with
+    nothing committed yet; anything else (a typo, another tool's folder) is refused."""
+    if not out.root.is_dir():
+        raise UserError(f"{out}: no such output directory")
+    if not (out.manifest.exists() or out.tuning.exists()):
+        raise UserError(
+            f"{out}: no batchspec run here (no manifest.json or tuning.json): not an output "
+            "directory of batchspec run or tune"
+        )
+
+
 def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
     manifest = read_manifest(out)
     if manifest is None:
-        raise UserError(f"{out}: no batchspec run here (no manifest.json)")
+        check_output_dir(out)  # tuned only: a run has yet to bind it
+        return RunStatus(out.root, 0, 0, time=time.time(), started=False)
     st = RunStatus(out.root, manifest.num_units, manifest.num_rows, time=time.time())
     records = read_records(out)
     _units(st, out, lease_timeout_s)
@@ -216,6 +234,8 @@ def _rate(value: float | None, digits: int = 1) -> str:
 
 
 def format_status(st: RunStatus) -> str:
+    if not st.started:
+        return f"{st.out_dir}: not started (tuned by batchspec tune; no run has bound it yet)"
     t = st.totals or RunTotals(st.rows_total)
     pct = 100.0 * st.rows_done / st.rows_total if st.rows_total else 100.0
     eta = "-" if st.eta_s is None else f"{st.eta_s / 60:.1f} min"

@@ -16,7 +16,7 @@ from batchspec.engines import Engine, EngineFailure, open_engine
 from batchspec.io.checks import Preflight, preflight
 from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
-from batchspec.io.manifest import claim_output_dir, make_manifest
+from batchspec.io.manifest import Manifest, check_bound, claim_output_dir, make_manifest
 from batchspec.io.temps import clean_stale_temps
 from batchspec.io.writer import Commit, PartWriter, output_schema, units_with_errors
 from batchspec.models import load_tokenizer
@@ -239,16 +239,27 @@ class Worker:
         return tokens
 
 
+def check_run(spec: JobSpec, limit: int | None) -> tuple[Preflight, Manifest]:
+    """Everything a run checks before it writes anything; ``validate`` and ``slurm submit
+    --dry-run`` run it too, so what they pass a run accepts. Returns the preflight and the
+    manifest the run binds the output directory to."""
+    pre = preflight(spec, limit)
+    out = OutDir(spec.output_dir)
+    job_tuning(spec, out)  # a tuning file of another job: refused before any worker starts
+    route_job(spec, out)  # engine auto without a route for this batch size: refused too
+    manifest = make_manifest(spec, pre.files, limit, pre.units)
+    check_bound(out, manifest)  # a directory bound to another spec, input or --limit
+    return pre, manifest
+
+
 def prepare_run(
     spec: JobSpec, limit: int | None, retry_errors: bool = False
 ) -> tuple[Preflight, list[WorkUnit], set[str]]:
     """Check everything, bind the output directory to this run, and list the work left:
     uncommitted units, plus (``retry_errors``) committed units that hold error rows."""
-    pre = preflight(spec, limit)
+    pre, manifest = check_run(spec, limit)
     out = OutDir(spec.output_dir)
-    job_tuning(spec, out)  # a tuning file of another job: refused before any worker starts
-    route_job(spec, out)  # engine auto without a route for this batch size: refused too
-    claim_output_dir(out, make_manifest(spec, pre.files, limit, pre.units))
+    claim_output_dir(out, manifest)
     clean_stale_temps(out, spec.execution.lease_timeout_s)
     done = out.committed_units()
     errors = units_with_errors(out) if retry_errors else set()
