@@ -1,6 +1,8 @@
 """Edge cases of export, status and progress records on synthetic output directories (the
 real thing runs in test_observe_run.py): unfinished runs, wrong ids, shard bounds, error rows,
-an occupied destination, progress added up over workers."""
+an occupied destination, prompts (or messages) beside the generation and --no-prompts, the
+dataset card's columns and null acceptance, parts written before a column existed (the
+``conform`` rule), progress added up over workers."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -20,8 +23,11 @@ from batchspec.cli import main
 from batchspec.io.layout import OutDir
 from batchspec.io.manifest import Manifest, input_fingerprint
 from batchspec.io.planner import plan_units
-from batchspec.io.writer import output_schema
+from batchspec.io.writer import RESULT_FIELDS, output_schema
+from batchspec.observe import scan
+from batchspec.observe.card import COLUMN_DOCS, type_name
 from batchspec.observe.export import export_dataset
+from batchspec.observe.scan import conform, scan_output, table_of
 from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
 from batchspec.work.leases import Leases
 from batchspec.work.live import LiveProgress
@@ -35,12 +41,31 @@ def text(i: int, size: int) -> str:
     return "".join(random.Random(i).choices("abcdefghij klmnop", k=size))
 
 
-def synthetic_run(tmp: Path, rows: int = 30, unit_rows: int = 4, text_bytes: int = 20) -> OutDir:
-    """An input with domains interleaved and every unit committed, as a run leaves them."""
+def prompt(i: int) -> str:
+    return f"prompt {i}: {text(i + 1000, 15)}"
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt(i)}]
+
+
+def synthetic_run(
+    tmp: Path, rows: int = 30, unit_rows: int = 4, text_bytes: int = 20, **input_keys: Any
+) -> OutDir:
+    """An input with domains interleaved and every unit committed, as a run leaves them;
+    ``input_keys`` override the job's input section (prompt column ``prompt``)."""
     inp = tmp / "in.parquet"
     ids = [f"r{i:05d}" for i in range(rows)]
     domains = [DOMAINS[(i * 7 // 3) % 3] for i in range(rows)]
-    pq.write_table(pa.table({"id": ids, "domain": domains, "prompt": ["p"] * rows}), inp)
+    table = pa.table(
+        {
+            "id": ids,
+            "domain": domains,
+            "prompt": [prompt(i) for i in range(rows)],
+            "messages": [messages(i) for i in range(rows)],
+        }
+    )
+    pq.write_table(table, inp)
     out = OutDir(tmp / "out")
     units = plan_units([inp], unit_rows, "domain")
     manifest = Manifest("h", input_fingerprint([inp]), None, len(units), rows, time.time(), "0")
@@ -48,7 +73,14 @@ def synthetic_run(tmp: Path, rows: int = 30, unit_rows: int = 4, text_bytes: int
     out.manifest.write_text(json.dumps(manifest.__dict__))
     spec = {
         "name": "synthetic",
-        "input": {"id_column": "id", "domain_column": "domain"},
+        "input": {
+            "id_column": "id",
+            "prompt_column": "prompt",
+            "messages_column": None,
+            "domain_column": "domain",
+            "passthrough_columns": [],
+            **input_keys,
+        },
         "output": {"unit_rows": unit_rows},
         "model": {"model": "m", "dtype": "float32", "max_num_seqs": 4},
         "speculative": {"method": "ngram", "num_speculative_tokens": 3},
@@ -56,21 +88,31 @@ def synthetic_run(tmp: Path, rows: int = 30, unit_rows: int = 4, text_bytes: int
     }
     record = {"spec": spec, "base_dir": str(tmp), "input_files": [str(inp)], "limit": None}
     out.job_record.write_text(json.dumps(record))
+    passed = spec["input"]["passthrough_columns"]
+    schema = output_schema(pa.string(), {c: table.schema.field(c).type for c in passed})
     for u in units:
-        write_part(
-            out, u, [i for i in range(u.start, u.stop) if domains[i] == u.domain], text_bytes
-        )
+        rows_of = [i for i in range(u.start, u.stop) if domains[i] == u.domain]
+        parts = [
+            row_of(i, u, text_bytes) | {c: table[c][i].as_py() for c in passed} for i in rows_of
+        ]
+        pq.write_table(pa.Table.from_pylist(parts, schema), out.part(u.unit_id))
     return out
 
 
-def write_part(out: OutDir, unit: WorkUnit, rows: list[int], text_bytes: int) -> None:
-    def row(i: int) -> dict:
-        base = {"id": f"r{i:05d}", "domain": unit.domain, "unit_id": unit.unit_id}
-        if i % 11 == 5:
-            return base | {"error": "prompt is empty"}
-        return base | {"generated_text": text(i, text_bytes), "num_output_tokens": 4}
-
-    pq.write_table(pa.Table.from_pylist([row(i) for i in rows], SCHEMA), out.part(unit.unit_id))
+def row_of(i: int, unit: WorkUnit, text_bytes: int) -> dict:
+    """Input row ``i`` as a part holds it: every 11th an error; of the others every 5th ran
+    without speculation (K = 0) and every 3rd drafted nothing (K = 3)."""
+    base = {"id": f"r{i:05d}", "domain": unit.domain, "unit_id": unit.unit_id}
+    if i % 11 == 5:
+        return base | {"error": "prompt is empty"}
+    base |= {"generated_text": text(i, text_bytes), "num_output_tokens": 4}
+    if i % 5 == 0:
+        return base | {"spec_method": "none", "num_speculative_tokens": 0}
+    spec = {"spec_method": "ngram", "num_speculative_tokens": 3, "num_accepted_tokens": 0}
+    if i % 3 == 0:
+        return base | spec | {"num_spec_steps": 0, "num_draft_tokens": 0}
+    spec |= {"num_spec_steps": 2, "num_draft_tokens": 6, "num_accepted_tokens": 3}
+    return base | spec | {"acceptance_rate": 0.5, "mean_acceptance_length": 2.5}
 
 
 def exported(dest: Path) -> pa.Table:
@@ -84,9 +126,17 @@ def test_export_puts_interleaved_domains_back_in_input_order(tmp_path: Path) -> 
     assert got.column("id").to_pylist() == [f"r{i:05d}" for i in range(30)]
     assert r.rows == 30 and r.error_rows == 3 and r.shards == 1
     assert got.column("generated_text")[0].as_py() == text(0, 20)
+    # The prompt of row i is input row i's, beside the generation.
+    assert got.column("prompt").to_pylist() == [prompt(i) for i in range(30)]
+    names = got.column_names
+    assert (
+        names.index("prompt") + 1 == names.index("generated_text") and r.prompt_column == "prompt"
+    )
     dropped = export_dataset(out, tmp_path / "ds2", include_errors=False)
-    ids = exported(tmp_path / "ds2").column("id").to_pylist()
+    kept = exported(tmp_path / "ds2")
+    ids = kept.column("id").to_pylist()
     assert ids == [f"r{i:05d}" for i in range(30) if i % 11 != 5] and dropped.rows == 27
+    assert kept.column("prompt").to_pylist() == [prompt(int(i[1:])) for i in ids]
 
 
 def test_unfinished_run_is_refused_unless_allowed(tmp_path: Path) -> None:
@@ -100,7 +150,9 @@ def test_unfinished_run_is_refused_unless_allowed(tmp_path: Path) -> None:
     assert not (tmp_path / "ds").exists()
     r = export_dataset(out, tmp_path / "ds", allow_unfinished=True)
     want = [f"r{i:05d}" for i in range(30) if f"r{i:05d}" not in missing]
-    assert exported(tmp_path / "ds").column("id").to_pylist() == want
+    got = exported(tmp_path / "ds")
+    assert got.column("id").to_pylist() == want
+    assert got.column("prompt").to_pylist() == [prompt(int(i[1:])) for i in want]
     assert r.missing_rows == len(missing)
     assert "not generated yet" in (tmp_path / "ds" / "README.md").read_text()
 
@@ -139,6 +191,142 @@ def test_an_occupied_destination_is_refused_an_empty_one_used(tmp_path: Path) ->
     assert (tmp_path / "full" / "x").read_text() == "keep me"
     (tmp_path / "empty").mkdir()
     assert export_dataset(out, tmp_path / "empty").rows == 30
+
+
+def test_no_prompts_leaves_them_out_and_the_card_says_so(tmp_path: Path) -> None:
+    out = synthetic_run(tmp_path)
+    args = ["export", str(out), "--to", str(tmp_path / "ds"), "--no-prompts"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "no prompt column" in result.stdout
+    got = exported(tmp_path / "ds")
+    assert "prompt" not in got.column_names and got.column("id").to_pylist() == [
+        f"r{i:05d}" for i in range(30)
+    ]
+    card = (tmp_path / "ds" / "README.md").read_text()
+    assert "- **prompts**: left out (`--no-prompts`)" in card and "| `prompt` |" not in card
+    result = CliRunner().invoke(main, ["export", str(out), "--to", str(tmp_path / "ds2")])
+    assert result.exit_code == 0 and "prompts in `prompt`" in result.stdout
+
+
+def test_a_messages_column_is_exported_as_the_input_holds_it(tmp_path: Path) -> None:
+    out = synthetic_run(tmp_path, prompt_column=None, messages_column="messages")
+    r = export_dataset(out, tmp_path / "ds")
+    got = exported(tmp_path / "ds")
+    assert r.prompt_column == "messages" and "prompt" not in got.column_names
+    assert (
+        got.schema.field("messages").type
+        == pq.read_schema(tmp_path / "in.parquet").field("messages").type
+    )
+    assert got.column("messages").to_pylist() == [messages(i) for i in range(30)]
+    card = (tmp_path / "ds" / "README.md").read_text()
+    want = "| `messages` | `list<struct<role: string, content: string>>` | the chat, as the input"
+    assert want in card
+
+
+def test_a_prompt_column_passed_through_is_exported_once(tmp_path: Path) -> None:
+    out = synthetic_run(tmp_path, passthrough_columns=["prompt"])
+    for prompts in (True, False):  # a pass-through column stays, with or without prompts
+        dest = tmp_path / f"ds-{prompts}"
+        assert export_dataset(out, dest, prompts=prompts).prompt_column == "prompt"
+        got = exported(dest)
+        assert got.column_names.count("prompt") == 1
+        assert got.column("prompt").to_pylist() == [prompt(i) for i in range(30)]
+
+
+def test_a_prompt_column_named_like_an_output_column_is_refused(tmp_path: Path) -> None:
+    out = synthetic_run(tmp_path, prompt_column="id")
+    result = CliRunner().invoke(main, ["export", str(out), "--to", str(tmp_path / "ds")])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "prompt column 'id'" in result.stderr and "--no-prompts" in result.stderr
+
+
+def test_the_card_explains_every_column_and_null_acceptance(tmp_path: Path) -> None:
+    out = synthetic_run(tmp_path)
+    export_dataset(out, tmp_path / "ds")
+    card = (tmp_path / "ds" / "README.md").read_text()
+    schema = exported(tmp_path / "ds").schema
+    lines = {line.split(" | ")[0][3:-1]: line for line in card.splitlines() if line[:3] == "| `"}
+    for f in schema:
+        _, typ, meaning = lines[f.name].strip("| ").split(" | ")
+        assert typ == f"`{type_name(f.type)}`" and len(meaning) > 15, lines[f.name]
+        assert "not described" not in meaning
+    assert set(COLUMN_DOCS) == {f.name for f in RESULT_FIELDS}
+    assert "the prompt, as the input's `prompt` column holds it" in lines["prompt"]
+    assert "| `acceptance_histogram` | `list<int32>` |" in card
+    assert "| `acceptance_rate` | `float64` |" in card
+    unmeasured = sum(1 for i in range(30) if i % 11 != 5 and (i % 3 == 0 or i % 5 == 0))
+    assert f"In this dataset {unmeasured} row(s) with a generation have no" in card
+    assert "K = 0" in card and "before any step drafted" in card
+
+
+def test_conform_is_the_rule_for_parts_of_other_versions() -> None:
+    schema = pa.schema([("a", pa.int32()), ("b", pa.list_(pa.int32())), ("c", pa.string())])
+    part = pa.table({"a": pa.array([1, 2], pa.int64()), "z": ["x", "y"], "c": ["p", None]})
+    got = conform(part, schema)
+    assert got.schema == schema and got.column_names == ["a", "b", "c"]
+    assert got.to_pylist() == [{"a": 1, "b": None, "c": "p"}, {"a": 2, "b": None, "c": None}]
+    with pytest.raises(ValueError, match="column 'a' is string, not int32"):
+        conform(pa.table({"a": ["four"]}), schema)
+
+
+def test_parts_written_before_a_column_existed_still_report_and_export(tmp_path: Path) -> None:
+    """An old part without two of today's columns and a newer one with a column unknown today
+    and a wider int, among normal parts: report and export work, nulls where columns were
+    missing, the unknown column left out."""
+    out = synthetic_run(tmp_path)
+    parts = out.part_files()
+    old, new = pq.read_table(parts[1]), pq.read_table(parts[4])
+    assert old.column("acceptance_rate").null_count < len(old)  # nulls below come from the rule
+    pq.write_table(old.drop_columns(["acceptance_rate", "num_speculative_tokens"]), parts[1])
+    at = new.schema.get_field_index("num_output_tokens")
+    wide = new.column(at).cast(pa.int64())
+    new = new.set_column(at, "num_output_tokens", wide).append_column(
+        "engine", pa.array(["tree"] * new.num_rows)
+    )
+    pq.write_table(new, parts[4])
+    result = CliRunner().invoke(main, ["report", str(out)])
+    assert result.exit_code == 0 and "30 rows committed" in result.stdout, result.output
+    for per_scan in (1, 3, 256):  # the old part alone in a batch, and mixed with others
+        table = table_of(scan_output(out, per_scan=per_scan))
+        assert (table["rows"].sum(), table["errors"].sum()) == (30, 3)
+        assert table["output_tokens"].sum() == 4 * 27
+        assert table["k_used"].to_list() == [[0, 3]] * 3
+    export_dataset(out, tmp_path / "ds")
+    got = exported(tmp_path / "ds")
+    assert "engine" not in got.column_names and got.schema.field("num_output_tokens").type == (
+        pa.int32()
+    )
+    assert got.column("id").to_pylist() == [f"r{i:05d}" for i in range(30)]
+    rows = {r["id"]: r for r in got.to_pylist()}
+    for r in old.to_pylist():
+        assert rows[r["id"]]["acceptance_rate"] is None is rows[r["id"]]["num_speculative_tokens"]
+        assert rows[r["id"]]["generated_text"] == r["generated_text"]
+    for r in new.to_pylist():
+        assert rows[r["id"]]["acceptance_rate"] == r["acceptance_rate"]
+
+
+def test_todays_parts_are_scanned_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The part-by-part path is for parts of other versions only: it is 4x slower."""
+    out = synthetic_run(tmp_path)
+
+    def one_by_one(path: Path, schema: pa.Schema) -> pa.Table:
+        raise AssertionError(f"{path} read alone")
+
+    monkeypatch.setattr(scan, "read_part", one_by_one)
+    assert table_of(scan_output(out, extras=True))["rows"].sum() == 30
+
+
+def test_a_part_whose_column_will_not_convert_is_named(tmp_path: Path) -> None:
+    out = synthetic_run(tmp_path)
+    part = out.part_files()[2]
+    table = pq.read_table(part)
+    at = table.schema.get_field_index("num_output_tokens")
+    pq.write_table(table.set_column(at, "num_output_tokens", pa.array(["four"] * len(table))), part)
+    for args in (["report", str(out)], ["export", str(out), "--to", str(tmp_path / "ds")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert part.name in result.stderr and "'num_output_tokens' is string" in result.stderr
 
 
 def unit_result(domain: str, rows: int, k: int = 3) -> UnitResult:

@@ -123,18 +123,30 @@ def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     show_default=True,
     help="Largest shard size in MB (zstd Parquet).",
 )
+@click.option(
+    "--prompts/--no-prompts",
+    default=True,
+    show_default=True,
+    help="Export the input's prompt (or messages) column beside the generation, or leave it out.",
+)
 @user_errors
 def export(
-    out_dir: str, dest: str, include_errors: bool, allow_unfinished: bool, shard_mb: float
+    out_dir: str,
+    dest: str,
+    include_errors: bool,
+    allow_unfinished: bool,
+    shard_mb: float,
+    prompts: bool,
 ) -> None:
     """Write OUT_DIR's rows as one Hugging Face dataset (Parquet shards, dataset card)."""
     from batchspec.observe.export import export_dataset
 
     out = existing_out(out_dir)
-    r = export_dataset(out, Path(dest), include_errors, allow_unfinished, shard_mb)
+    r = export_dataset(out, Path(dest), include_errors, allow_unfinished, shard_mb, prompts)
     errors = "kept" if include_errors else "left out"
     missing = f", {r.missing_rows} rows not generated yet" if r.missing_rows else ""
+    shown = f"prompts in `{r.prompt_column}`" if r.prompt_column else "no prompt column"
     click.echo(
         f"exported {r.rows} rows in input order to {r.dest} ({r.shards} shard(s), "
-        f"{r.bytes / 1e6:.1f} MB; {r.error_rows} error rows {errors}{missing})"
+        f"{r.bytes / 1e6:.1f} MB; {shown}; {r.error_rows} error rows {errors}{missing})"
     )

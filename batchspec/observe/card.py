@@ -1,6 +1,10 @@
 """The dataset card (``README.md``) of an exported dataset: the YAML header ``datasets`` and
 the Hub read (its ``configs`` name the data files), then what made the rows: job, model,
-speculative settings, sampling, and the per-domain report table."""
+speculative settings, sampling, the per-domain report table, every column in a sentence with
+its type, and why some rows have no acceptance figures.
+
+Every column the writer can produce has its sentence in ``COLUMN_DOCS`` (a test holds every
+output column to it): a dataset's user reads the card, not batchspec's source."""
 
 from __future__ import annotations
 
@@ -21,6 +25,96 @@ def _size_category(rows: int) -> str:
     return "1M<n<10M" if rows < 10_000_000 else "10M<n<100M"
 
 
+COLUMN_DOCS = {
+    "generated_text": "the completion (null in an error row)",
+    "num_prompt_tokens": "prompt tokens the model read, after the chat template",
+    "num_output_tokens": "tokens generated",
+    "finish_reason": "`stop` (end of sequence or a stop string) or `length` (`max_tokens`)",
+    "spec_method": "the speculative method the row ran with: `none` without speculation, "
+    "`<method>-tree` on the tree engine",
+    "num_speculative_tokens": "K, the draft tokens proposed per verify step (on the tree "
+    "engine the tree's node budget); 0 without speculation",
+    "num_spec_steps": "verify steps that checked at least one draft token",
+    "num_draft_tokens": "draft tokens proposed (on the tree engine: tree nodes verified)",
+    "num_accepted_tokens": "draft tokens the model accepted (at most `num_draft_tokens`)",
+    "acceptance_rate": "`num_accepted_tokens / num_draft_tokens`",
+    "mean_acceptance_length": "`1 + num_accepted_tokens / num_spec_steps`: tokens per verify step",
+    "acceptance_histogram": "verify steps by the number of drafts accepted, index 0..K (tree "
+    "engine: by accepted depth); sums to `num_spec_steps`",
+    "queue_s": "seconds the row waited in the engine before it was first scheduled",
+    "ttft_s": "seconds from queued to the first token",
+    "decode_s": "seconds from the first to the last token",
+    "e2e_s": "seconds from queued to the last token",
+    "output_tokens_per_s": "`num_output_tokens / (e2e_s - queue_s)`: the row's speed once "
+    "scheduled",
+    "error": "why the row has no generation (prompt null or too long, malformed messages, "
+    "rejected by the engine); null when it has one, and every generation column null when set",
+    "unit_id": "the work unit that generated the row (its part is `parts/<unit_id>.parquet` "
+    "in the run's output directory)",
+}
+"""One sentence per output column after id, domain and the pass-through columns."""
+
+
+def describe(name: str, inp: dict[str, Any]) -> str:
+    """What column ``name`` of the dataset holds, for the job's input section ``inp``."""
+    system = inp.get("system_prompt")
+    if name == inp.get("prompt_column"):
+        templated = inp.get("apply_chat_template", True)
+        how = "as one user turn through its chat template" if templated else "as raw text"
+        after = ", after the job's `system_prompt`" if templated and system else ""
+        return (
+            f"the prompt, as the input's `{name}` column holds it; the model read it {how}{after}"
+        )
+    if name == inp.get("messages_column"):
+        return (
+            f"the chat, as the input's `{name}` column holds it: a list of `{{role, content}}`; "
+            "the model read it through its chat template and answered the last turn"
+            + (", the job's `system_prompt` first where a chat has none" if system else "")
+        )
+    if name == "id":
+        return f"the input row's id (input column `{inp.get('id_column')}`)"
+    if name == "domain":
+        source = inp.get("domain_column")
+        return f"the row's domain (input column `{source}`)" if source else "null: no domains"
+    if name in (inp.get("passthrough_columns") or []):
+        return f"copied from the input's `{name}` column"
+    return COLUMN_DOCS.get(name, "(not described by this batchspec version)")
+
+
+def type_name(t: pa.DataType) -> str:
+    """A column's type as a reader of the card thinks of it: ``list<int32>``, ``float64``,
+    ``list<struct<role: string, content: string>>`` (no Arrow item names, which Parquet
+    renames)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return f"list<{type_name(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"{f.name}: {type_name(f.type)}" for f in t) + ">"
+    return {"double": "float64", "float": "float32", "halffloat": "float16"}.get(str(t), str(t))
+
+
+def columns_table(inp: dict[str, Any], schema: pa.Schema) -> str:
+    """The ``| column | type | meaning |`` table, one row per column, in the data's order."""
+    rows = [f"| `{f.name}` | `{type_name(f.type)}` | {describe(f.name, inp)} |" for f in schema]
+    return "| column | type | meaning |\n| --- | --- | --- |\n" + "\n".join(rows)
+
+
+def no_acceptance(counts: dict[str, Any]) -> str:
+    """Why rows with a generation can have null acceptance figures: nothing was drafted."""
+    return f"""Rows with a generation can still have nulls in the acceptance columns: nothing was
+drafted that could be accepted, and a made-up 0 would read as a measured failure.
+
+- **No speculation** (`num_speculative_tokens` 0, `spec_method` `none`): the job's method is
+  `none`, or the K controller chose K = 0 for the row's domain because drafting did not pay
+  there. `num_spec_steps`, `num_draft_tokens`, `num_accepted_tokens`, `acceptance_rate`,
+  `mean_acceptance_length` and `acceptance_histogram` are all null.
+- **Speculation on, nothing drafted** (K > 0, `num_draft_tokens` 0): an n-gram drafter found no
+  match in the row's context, or the row ended (end of sequence, a stop string, `max_tokens`)
+  before any step drafted. `acceptance_rate` and `mean_acceptance_length` are null (0 / 0).
+
+In this dataset {counts["no_acceptance_rows"]} row(s) with a generation have no
+`acceptance_rate`. Error rows (`error` set) have every generation column null."""
+
+
 def header(rows: int) -> str:
     meta = {
         "configs": [
@@ -35,16 +129,9 @@ def header(rows: int) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
-def dataset_card(
-    job: dict[str, Any],
-    schema: pa.Schema,
-    counts: dict[str, Any],
-    table_md: str,
-) -> str:
-    """The whole card; ``counts``: rows, error_rows, errors_kept, missing_rows, shards."""
-    spec = job["spec"]
+def summary(spec: dict[str, Any], schema: pa.Schema, counts: dict[str, Any]) -> str:
+    """The card's list: rows, prompts, checks, errors, model, speculation, sampling."""
     model, spec_s, sampling = spec["model"], spec["speculative"], spec["sampling"]
-    name = spec.get("name") or "batchspec dataset"
     errors = (
         f"{counts['error_rows']} error rows kept (`error` set, generation columns null)"
         if counts["errors_kept"]
@@ -56,21 +143,41 @@ def dataset_card(
         else ""
     )
     draft = f", draft `{spec_s['model']}`" if spec_s.get("model") else ""
-    columns = "\n".join(f"| `{f.name}` | `{f.type}` |" for f in schema)
-    return f"""{header(counts["rows"])}
-# {name}
-
-Generated with batchspec {__version__}: every input row answered by the model below, with
-speculative decoding (lossless: the model's own output distribution).
-
+    source = spec["input"].get("prompt_column") or spec["input"].get("messages_column")
+    prompts = (
+        f"the input's `{source}` column, beside the generation"
+        if source in schema.names
+        else f"left out (`--no-prompts`): they are the input's `{source}` column"
+    )
+    return f"""\
 - **rows**: {counts["rows"]}, in input order, in {counts["shards"]} Parquet shard(s) under `data/`
+- **prompts**: {prompts}
 - **checked at export**: every input id appears exactly once
 - **error rows**: {errors}{missing}
 - **model**: `{model["model"]}`, dtype `{model["dtype"]}`, batch `{model["max_num_seqs"]}`
 - **speculative decoding**: `{spec_s["method"]}`, K `{spec_s["num_speculative_tokens"]}`,
   adaptive `{spec_s.get("adaptive")}`{draft}
 - **sampling**: temperature `{sampling["temperature"]}`, top_p `{sampling.get("top_p")}`,
-  max_tokens `{sampling["max_tokens"]}`, seed `{sampling.get("seed")}`
+  max_tokens `{sampling["max_tokens"]}`, seed `{sampling.get("seed")}`"""
+
+
+def dataset_card(
+    job: dict[str, Any],
+    schema: pa.Schema,
+    counts: dict[str, Any],
+    table_md: str,
+) -> str:
+    """The whole card; ``counts``: rows, error_rows, errors_kept, missing_rows, shards,
+    no_acceptance_rows."""
+    spec = job["spec"]
+    name = spec.get("name") or "batchspec dataset"
+    return f"""{header(counts["rows"])}
+# {name}
+
+Generated with batchspec {__version__}: every input row answered by the model below, with
+speculative decoding (lossless: the model's own output distribution).
+
+{summary(spec, schema, counts)}
 
 Load it with `datasets.load_dataset("<this folder>")` (the header above names the files),
 or `load_dataset("parquet", data_files="<this folder>/data/*.parquet")`.
@@ -85,9 +192,11 @@ K its rows ran with; `row_tok/s`: median decode speed of a row; `p50_s`, `p95_s`
 
 ## Columns
 
-| column | type |
-| --- | --- |
-{columns}
+{columns_table(spec["input"], schema)}
+
+## Why some rows have no acceptance
+
+{no_acceptance(counts)}
 
 ## Job spec
 

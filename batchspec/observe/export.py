@@ -2,18 +2,30 @@
 
 Parts are per work unit, and a unit holds one domain's rows of a chunk of ``unit_rows`` input
 rows, so input order interleaves the parts of a chunk. Export walks the planned units chunk by
-chunk and streams the input's id and domain columns beside them: each chunk's rows are put
-back in input order from the domain sequence, and their ids are compared with the input's, row
-for row, which proves that every input id appears exactly once, in its place. Rows go to
-``data/train-XXXXX-of-YYYYY.parquet`` (zstd), a shard closed before it would pass
-``shard_mb``; memory holds one chunk's parts and one row group, whatever the output's size.
-Everything is written in a temporary folder beside DEST and renamed into place at the end.
+chunk and streams the input's id, domain and prompt (or messages) columns beside them: each
+chunk's rows are put back in input order from the domain sequence, and their ids are compared
+with the input's, row for row, which proves that every input id appears exactly once, in its
+place. Rows go to ``data/train-XXXXX-of-YYYYY.parquet`` (zstd), a shard closed before it would
+pass ``shard_mb``; memory holds one chunk's parts, one input batch and one row group, whatever
+the output's size. Everything is written in a temporary folder beside DEST and renamed into
+place at the end.
+
+The prompt comes from the input, not from the parts. Export already reads the input in order,
+once, for the ids, and refuses an input whose fingerprint differs from the run's manifest, so
+the prompt read beside each id is the one the run answered. Storing it in every part instead
+would write the input a second time during the run (10M rows of ~1 KB prompts: ~10 GB more in
+``parts/``, on the workers' time), and parts committed before would have none. The input is
+streamed (``iter_batches`` of ``INPUT_BATCH_ROWS``, column pages read through a small buffer):
+never a whole row group at once, whatever the input's row groups (``scripts/bench_export.py``
+measures it). The column is exported under its input name, as the input holds it (a messages
+column as its list of structs): the chat template is the model's, not the dataset's.
+
+Parts are read through ``scan.conform``: columns a part was written without read as null.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import groupby
@@ -26,14 +38,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import UserError
-from batchspec.io.layout import OutDir, temp_name
+from batchspec.io.layout import OutDir
 from batchspec.io.manifest import input_fingerprint, read_manifest
 from batchspec.io.planner import plan_units
+from batchspec.io.staging import READ_BUFFER
+from batchspec.io.writer import output_schema
+from batchspec.observe.scan import read_part
 from batchspec.units import WorkUnit
 
 ROW_GROUP_BYTES = 64 << 20
 """Rows are gathered into row groups of about this many uncompressed bytes (or less, to keep
 several row groups per shard)."""
+INPUT_BATCH_ROWS = 16_384
+"""Input rows decoded at a time (16 MB of 1 KB prompts); a chunk takes ``unit_rows`` of them."""
 
 
 @dataclass
@@ -46,6 +63,47 @@ class ExportResult:
     """Rows of units not committed (``allow_unfinished`` only)."""
     shards: int = 0
     bytes: int = 0
+    prompt_column: str | None = None
+    """The input's prompt or messages column, when exported (not with ``--no-prompts``, unless
+    it is also a pass-through column)."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What export reads of the input beside the parts (by name), and the rows' schema."""
+
+    id: str
+    domain: str | None
+    prompt: str | None
+    """The prompt or messages column, taken from the input; None when left out (or when it is
+    a pass-through column, which the parts carry already)."""
+    schema: pa.Schema
+    """Today's output schema for the run's input types, the prompt column before the
+    generation: what every exported row has, whatever version wrote its part."""
+
+    @property
+    def read(self) -> list[str]:
+        return list(dict.fromkeys(c for c in (self.id, self.domain, self.prompt) if c))
+
+
+def dataset_columns(job: dict[str, Any], files: list[Path], prompts: bool) -> Columns:
+    """The input columns to read and the dataset's schema (``prompts``: export the prompt)."""
+    inp = job["spec"]["input"]
+    types = pq.read_schema(files[0])
+    passthrough = {c: types.field(c).type for c in inp.get("passthrough_columns") or []}
+    schema = output_schema(types.field(inp["id_column"]).type, passthrough)
+    prompt = inp.get("prompt_column") or inp.get("messages_column")
+    if not prompts or prompt in passthrough:
+        prompt = None
+    elif prompt in schema.names:
+        raise UserError(
+            f"{files[0]}: the prompt column {prompt!r} has the name of an output column; "
+            "export with --no-prompts"
+        )
+    else:
+        at = schema.get_field_index("generated_text")
+        schema = schema.insert(at, pa.field(prompt, types.field(prompt).type))
+    return Columns(inp["id_column"], inp.get("domain_column"), prompt, schema)
 
 
 def load_job_record(out: OutDir) -> dict[str, Any]:
@@ -89,18 +147,13 @@ def check_finished(out: OutDir, units: list[WorkUnit], allow_unfinished: bool) -
         )
 
 
-def _input_slices(path: Path, columns: list[str]) -> Iterator[pa.Table]:
-    """The file's ``columns`` as consecutive tables (row groups decoded one at a time)."""
-    pf = pq.ParquetFile(path)
-    for batch in pf.iter_batches(batch_size=65536, columns=columns):
-        yield pa.Table.from_batches([batch])
-
-
 class _Rows:
-    """Consecutive row ranges of one input file's id/domain columns, read once, in order."""
+    """Consecutive row ranges of one input file's columns, read once, in order: column pages
+    through a small buffer, ``INPUT_BATCH_ROWS`` decoded at a time."""
 
     def __init__(self, path: Path, columns: list[str]):
-        self.batches = _input_slices(path, columns)
+        pf = pq.ParquetFile(path, buffer_size=READ_BUFFER, pre_buffer=False)
+        self.batches = pf.iter_batches(batch_size=INPUT_BATCH_ROWS, columns=columns)
         self.buffer: pa.Table | None = None
         self.at = 0
 
@@ -109,7 +162,7 @@ class _Rows:
         pieces, need = [], stop - start
         while need > 0:
             if self.buffer is None or self.buffer.num_rows == 0:
-                self.buffer = next(self.batches)
+                self.buffer = pa.Table.from_batches([next(self.batches)])
             piece = self.buffer.slice(0, need)
             self.buffer = self.buffer.slice(piece.num_rows)
             pieces.append(piece)
@@ -139,76 +192,88 @@ def _order(domains: pa.Array | None, units: list[WorkUnit], size: int) -> np.nda
     return index
 
 
+def _check_ids(
+    out: OutDir,
+    units: list[WorkUnit],
+    rows: pa.Table,
+    want: pa.Array,
+    keep: np.ndarray,
+    id_col: str,
+) -> None:
+    """The chunk's ids, in input order, are the input's: else the first wrong one, named."""
+    got = rows.column("id").combine_chunks()
+    want = want.cast(got.type)
+    if got.equals(want):
+        return
+    same = pc.fill_null(pc.equal(got, want), False).to_numpy(zero_copy_only=False)
+    bad = int(np.flatnonzero(~same)[0])
+    unit = rows.column("unit_id")[bad].as_py()
+    raise UserError(
+        f"{out.part(unit)}: id {got[bad].as_py()!r} where the input has {want[bad].as_py()!r} "
+        f"({id_col}, row {units[0].start + int(np.flatnonzero(keep)[bad])} of {units[0].path})"
+    )
+
+
 def chunk_rows(
-    out: OutDir, units: list[WorkUnit], inputs: pa.Table, id_col: str
+    out: OutDir, units: list[WorkUnit], inputs: pa.Table, cols: Columns
 ) -> pa.Table | None:
-    """One chunk's rows in input order (units not committed left out), ids checked."""
+    """One chunk's rows in input order (units not committed left out), ids checked, the
+    input's prompts beside them."""
     done = [u for u in units if out.is_committed(u.unit_id)]
     tables = []
     for u in done:
-        t = pq.read_table(out.part(u.unit_id))
+        t = read_part(out.part(u.unit_id), cols.schema)
         if t.num_rows != u.num_rows:
             raise UserError(f"{out.part(u.unit_id)}: {t.num_rows} rows, its unit has {u.num_rows}")
         tables.append(t)
-    domains = inputs.column(1).combine_chunks() if inputs.num_columns > 1 else None
+    domains = inputs.column(cols.domain).combine_chunks() if cols.domain else None
     if domains is not None and not pa.types.is_string(domains.type):
         domains = pc.cast(domains, pa.string())
     order = _order(domains, done, inputs.num_rows)
     keep = order >= 0
     if not tables:
         return None
-    rows = pa.concat_tables(tables, promote_options="default").take(pa.array(order[keep]))
-    got = rows.column("id").combine_chunks()
-    want = inputs.column(0).combine_chunks().filter(pa.array(keep)).cast(got.type)
-    if not got.equals(want):
-        same = pc.fill_null(pc.equal(got, want), False).to_numpy(zero_copy_only=False)
-        bad = int(np.flatnonzero(~same)[0])
-        unit = rows.column("unit_id")[bad].as_py()
-        raise UserError(
-            f"{out.part(unit)}: id {got[bad].as_py()!r} where the input has {want[bad].as_py()!r} "
-            f"({id_col}, row {units[0].start + int(np.flatnonzero(keep)[bad])} of {units[0].path})"
-        )
+    rows = pa.concat_tables(tables).take(pa.array(order[keep]))
+    mask = pa.array(keep)
+    _check_ids(
+        out, units, rows, inputs.column(cols.id).combine_chunks().filter(mask), keep, cols.id
+    )
+    if cols.prompt is not None:
+        at = cols.schema.get_field_index(cols.prompt)
+        prompts = inputs.column(cols.prompt).filter(mask)
+        rows = rows.set_column(at, cols.schema.field(at), prompts)
     return rows
 
 
-def ordered_chunks(
-    out: OutDir, units: list[WorkUnit], id_col: str, domain_col: str | None
-) -> Iterator[pa.Table]:
+def ordered_chunks(out: OutDir, units: list[WorkUnit], cols: Columns) -> Iterator[pa.Table]:
     """The committed rows, chunk by chunk, in input order."""
-    columns = [id_col, *([domain_col] if domain_col else [])]
     for _, file_units in groupby(units, key=lambda u: u.file_index):
         file_units = list(file_units)
-        reader = _Rows(Path(file_units[0].path), columns)
+        reader = _Rows(Path(file_units[0].path), cols.read)
         for _, chunk in groupby(file_units, key=lambda u: u.start):
             chunk = list(chunk)
-            inputs = reader.take(chunk[0].start, chunk[0].stop)
-            rows = chunk_rows(out, chunk, inputs, id_col)
+            rows = chunk_rows(out, chunk, reader.take(chunk[0].start, chunk[0].stop), cols)
             if rows is not None:
                 yield rows
 
 
-def clear_dest(dest: Path) -> None:
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise UserError(f"{dest}: exists and is not empty; export to a new folder")
-
-
-def staging_dir(dest: Path) -> Path:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(dest)
-    (tmp / "data").mkdir(parents=True)
-    return tmp
-
-
-def publish(tmp: Path, dest: Path) -> None:
-    """Rename the finished folder into place (onto an empty DEST, or a new name)."""
-    clear_dest(dest)
-    if dest.exists():
-        dest.rmdir()
-    tmp.rename(dest)
-
-
-def discard(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
+def _write_rows(
+    writer: Any, chunks: Iterator[pa.Table], include_errors: bool, result: ExportResult
+) -> int:
+    """Every chunk into the shards (error rows kept or not); returns the rows written that
+    have a generation but no ``acceptance_rate`` (nothing drafted), for the card."""
+    unmeasured = 0
+    for rows in chunks:
+        failed = pc.is_valid(rows.column("error"))
+        errors = pc.sum(failed).as_py() or 0
+        result.error_rows += errors
+        if errors and not include_errors:
+            rows = rows.filter(pc.invert(failed))
+            failed = pc.is_valid(rows.column("error"))
+        no_rate = pc.and_(pc.invert(failed), pc.is_null(rows.column("acceptance_rate")))
+        unmeasured += pc.sum(no_rate).as_py() or 0
+        writer.write(rows)
+    return unmeasured
 
 
 def export_dataset(
@@ -217,31 +282,29 @@ def export_dataset(
     include_errors: bool = True,
     allow_unfinished: bool = False,
     shard_mb: float = 500.0,
+    prompts: bool = True,
 ) -> ExportResult:
-    """Write the run's output to ``dest`` as one dataset (see the module's docstring)."""
+    """Write the run's output to ``dest`` as one dataset (see the module's docstring);
+    ``prompts``: the input's prompt (or messages) column beside the generation."""
     from batchspec.observe.card import dataset_card
     from batchspec.observe.report import format_domain_table, full_report
-    from batchspec.observe.shards import ShardWriter
+    from batchspec.observe.shards import ShardWriter, clear_dest, discard, publish, staging_dir
 
     clear_dest(dest)
     job = load_job_record(out)
     units = planned_units(out, job)
     check_finished(out, units, allow_unfinished)
-    parts = out.part_files()
-    if not parts:
+    if not out.part_files():
         raise UserError(f"{out}: no rows committed; nothing to export")
-    schema = pq.read_schema(parts[0])
-    result = ExportResult(dest)
+    cols = dataset_columns(job, [Path(f) for f in job["input_files"]], prompts)
+    inp = job["spec"]["input"]
+    named = inp.get("prompt_column") or inp.get("messages_column")
+    result = ExportResult(dest, prompt_column=named if named in cols.schema.names else None)
     tmp = staging_dir(dest)
     try:
-        writer = ShardWriter(tmp / "data", schema, int(shard_mb * (1 << 20)), ROW_GROUP_BYTES)
-        inp = job["spec"]["input"]
-        for rows in ordered_chunks(out, units, inp["id_column"], inp["domain_column"]):
-            errors = pc.sum(pc.is_valid(rows.column("error"))).as_py() or 0
-            result.error_rows += errors
-            if errors and not include_errors:
-                rows = rows.filter(pc.is_null(rows.column("error")))
-            writer.write(rows)
+        writer = ShardWriter(tmp / "data", cols.schema, int(shard_mb * (1 << 20)), ROW_GROUP_BYTES)
+        chunks = ordered_chunks(out, units, cols)
+        unmeasured = _write_rows(writer, chunks, include_errors, result)
         shards = writer.close()
         result.rows = writer.rows
         result.shards = len(shards)
@@ -255,9 +318,10 @@ def export_dataset(
             "errors_kept": include_errors,
             "missing_rows": result.missing_rows,
             "shards": result.shards,
+            "no_acceptance_rows": unmeasured,
         }
-        card = dataset_card(job, schema, counts, format_domain_table(table, markdown=True))
-        (tmp / "README.md").write_text(card)
+        table_md = format_domain_table(table, markdown=True)
+        (tmp / "README.md").write_text(dataset_card(job, cols.schema, counts, table_md))
         publish(tmp, dest)
     except BaseException:
         discard(tmp)

@@ -4,17 +4,29 @@ Memory is bounded by ``PARTS_PER_SCAN`` parts' report columns plus what is kept 
 running sums, row speeds for the exact median (8 bytes a row, as before), log-spaced latency
 histograms (percentiles to within 1.2 %), pooled acceptance histograms, and one entry per
 unit (its commit time, domain, K, tokens) for plots over time. Never ``generated_text``.
+
+Parts written before a column existed (or after one was retired) are read through one rule,
+``conform``, here and by ``export``: a part's table is put in the current schema (the columns
+today's ``io.writer`` writes); a column the part lacks reads as nulls of the current type, a
+column of another type is cast (safely) to the current one, and a column the current schema
+does not know is left out. Leaving out, not keeping: the dataset card explains every column of
+the current schema, and a newer batchspec's parts export whole with that newer version.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
+from batchspec.io.writer import output_schema
 
 REPORT_COLUMNS = [
     "domain",
@@ -38,6 +50,9 @@ own streaming engine held ~0.9 GB for a median over 10M rows; this way holds ~0.
 LATENCY_EDGES = 10.0 ** np.arange(-3.0, 5.0 + 1e-9, 0.005)
 """Latency histogram bins, 1 ms to 1e5 s, 200 per decade: a percentile is the geometric
 middle of its bin, within 1.2 % of the exact value."""
+
+REPORT_SCHEMA = output_schema(pa.string(), {})
+"""Today's types of the columns a report reads (its id type and pass-through are not read)."""
 
 _SUMS = ["rows", "errors", "output_tokens", "ok_tokens", "ok_counted", "accepted", "drafted"]
 
@@ -103,13 +118,59 @@ def _add_extras(scan: Scan, rows: pl.DataFrame, out: OutDir) -> None:
         scan.units.append(u)
 
 
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A part's rows in the current ``schema`` (the module's rule): missing columns null,
+    other types cast, unknown columns left out. Raises ValueError for a type that does not
+    convert."""
+    names = set(table.column_names)
+    columns = []
+    for f in schema:
+        if f.name not in names:
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        col = table.column(f.name)
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ValueError(f"column {f.name!r} is {col.type}, not {f.type}: {exc}") from None
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def read_part(path: Path, schema: pa.Schema) -> pa.Table:
+    """A committed part's columns of ``schema`` (only those it has are read), conformed."""
+    try:
+        pf = pq.ParquetFile(path)
+        have = set(pf.schema_arrow.names)
+        table = pf.read(columns=[n for n in schema.names if n in have])
+        return conform(table, schema)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise UserError(f"{path}: {exc}") from None
+
+
+def read_parts(paths: list[Path], schema: pa.Schema) -> pl.DataFrame:
+    """Parts' columns of ``schema``, conformed. One polars scan reads them together when every
+    part has every column in today's type (``conform`` would change nothing), as nearly all
+    do; otherwise they are read part by part through ``read_part`` (4x slower)."""
+    want = pl.from_arrow(schema.empty_table()).schema
+    try:
+        rows = pl.scan_parquet(paths).select(schema.names).collect()
+        if rows.schema == want:
+            return rows
+    except (pl.exceptions.PolarsError, OSError):
+        pass  # a column missing or of another type (or a damaged part: named below)
+    return pl.from_arrow(pa.concat_tables([read_part(p, schema) for p in paths]))
+
+
 def scan_output(out: OutDir, extras: bool = False, per_scan: int = PARTS_PER_SCAN) -> Scan:
     """Read every committed part, ``per_scan`` at a time, only the columns needed."""
     parts = out.part_files()
     scan = Scan()
     columns = REPORT_COLUMNS + (EXTRA_COLUMNS if extras else [])
+    schema = pa.schema([REPORT_SCHEMA.field(c) for c in columns])
     for i in range(0, len(parts), per_scan):
-        rows = pl.scan_parquet(parts[i : i + per_scan]).select(columns).collect()
+        rows = read_parts(parts[i : i + per_scan], schema)
         scan.partials.append(_partial(rows))
         speeds = rows.select("domain", "output_tokens_per_s").drop_nulls("output_tokens_per_s")
         for (domain,), frame in speeds.partition_by("domain", as_dict=True).items():

@@ -4,16 +4,30 @@ Rows arrive a chunk at a time and are gathered into row groups; a shard is close
 next row group would take it past its bound (estimated from the compression seen so far), so
 shards stay at or under ``shard_bytes`` except where one row group alone is larger. The count
 of shards is known only at the end, so shards are written under provisional names and renamed.
+The dataset folder itself is built under a temporary name beside DEST and renamed into place
+whole: DEST is complete or absent, and never overwritten.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchspec.errors import UserError
+from batchspec.io.layout import temp_name
+
 MAX_GROUP_ROWS = 100_000
+
+
+def statistics_columns(schema: pa.Schema) -> list[str]:
+    """Columns whose min and max go into each row group's footer entry: numbers, and the id
+    and domain (what readers filter on). Not text: the min and max of long prompts and
+    generations are two more copies of them per row group, in the footer, for no reader."""
+    number = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    return [f.name for f in schema if f.name in ("id", "domain") or any(t(f.type) for t in number)]
 
 
 class ShardWriter:
@@ -32,7 +46,13 @@ class ShardWriter:
         self._writer: pq.ParquetWriter | None = None
         self._ratio = 1.0
         """Compressed / uncompressed bytes of the row groups written so far."""
+        self._groups = 0
+        """Row groups in the open shard."""
+        self._footer = 100.0 * len(schema)
+        """Footer bytes per row group (a guess until a shard has been closed, then measured):
+        at small bounds the footer is a good part of the shard."""
         self.rows = 0
+        self.statistics = statistics_columns(schema)
 
     def write(self, table: pa.Table) -> None:
         self._pending.append(table.cast(self.schema))
@@ -47,25 +67,36 @@ class ShardWriter:
         group = pa.concat_tables(self._pending).combine_chunks()
         raw = self._pending_bytes
         self._pending, self._pending_bytes = [], 0
-        if self._sink is not None and self._sink.tell() + raw * self._ratio > self.shard_bytes:
+        if self._sink is not None and self._projected(raw) > self.shard_bytes:
             self._close_shard()
         if self._writer is None:
             path = self.dir / f".shard-{len(self.paths):05d}.parquet"
             self.paths.append(path)
             self._sink = pa.OSFile(str(path), "wb")
-            self._writer = pq.ParquetWriter(self._sink, self.schema, compression="zstd")
+            self._writer = pq.ParquetWriter(
+                self._sink, self.schema, compression="zstd", write_statistics=self.statistics
+            )
         before = self._sink.tell()
         self._writer.write_table(group, row_group_size=group.num_rows)
         written = self._sink.tell() - before
         if raw > 0 and written > 0:
             self._ratio = max(self._ratio * 0.5 + 0.5 * written / raw, 0.01)
         self.rows += group.num_rows
+        self._groups += 1
+
+    def _projected(self, raw: int) -> float:
+        """The open shard's size with one more row group of ``raw`` bytes, footer included."""
+        assert self._sink is not None
+        return self._sink.tell() + raw * self._ratio + (self._groups + 1) * self._footer
 
     def _close_shard(self) -> None:
-        if self._writer is not None:
+        if self._writer is not None and self._sink is not None:
+            before = self._sink.tell()
             self._writer.close()
+            self._footer = (self._sink.tell() - before) / max(self._groups, 1)
             self._sink.close()
         self._writer = self._sink = None
+        self._groups = 0
 
     def close(self) -> list[Path]:
         """Finish the last shard and give every shard its final name; returns them."""
@@ -82,3 +113,27 @@ class ShardWriter:
             path.rename(target)
             final.append(target)
         return final
+
+
+def clear_dest(dest: Path) -> None:
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UserError(f"{dest}: exists and is not empty; export to a new folder")
+
+
+def staging_dir(dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(dest)
+    (tmp / "data").mkdir(parents=True)
+    return tmp
+
+
+def publish(tmp: Path, dest: Path) -> None:
+    """Rename the finished folder into place (onto an empty DEST, or a new name)."""
+    clear_dest(dest)
+    if dest.exists():
+        dest.rmdir()
+    tmp.rename(dest)
+
+
+def discard(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
