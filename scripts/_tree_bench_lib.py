@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from batchspec.engines import open_engine
+from batchspec.measure.verify import build_requests, pick_rows, run_rows
+from batchspec.measure.verify_checks import DRIFT_FACTOR, compare_greedy, drift
 from batchspec.spec import JobSpec
 from batchspec.spec_tree import TreeSpec
-from batchspec.speculation.verify import build_requests, pick_rows, run_rows
-from batchspec.speculation.verify_checks import DRIFT_FACTOR, compare_greedy, drift
 from batchspec.units import RowRequest, RowResult
 
 
@@ -131,33 +131,14 @@ def replay(
     lookup: tuple[int, int],
 ) -> tuple[int, int]:
     """(verify steps with drafts, accepted drafts) the tree engine makes on a greedy row whose
-    output is ``out``, without the model: greedy acceptance only compares draft tokens with the
-    target's choices, which are ``out`` itself (T1's identity), so drafting n-gram trees of K
-    nodes from the same context and matching them against ``out`` gives the engine's counts
-    (up to a row's last step when it ended on EOS: drafts past EOS are not matched here)."""
-    from batchspec.engines.tree.ngram import NgramIndex
+    output is ``out``, without the model: the n-gram drafter driven over the row as the engine
+    drives it (``engines.tree.drafting.replay``; exact for greedy rows, whose target choices are
+    ``out`` itself, T1's identity)."""
+    from batchspec.engines.tree.drafting import replay as drive
+    from batchspec.engines.tree.ngram import NgramDrafter
 
-    tree_shape = TreeSpec(**shape)
-    paths = [tuple(p) for p in tree_shape.paths] if tree_shape.paths is not None else None
-    index = NgramIndex(*lookup)
-    index.extend([*prompt, out[0]])
-    steps = accepted = 0
-    t = 1
-    while t < len(out):
-        depth = min(tree_shape.depth(), max_tokens - t)
-        tree = index.draft(k, depth, tree_shape.branching, paths)
-        node, path = 0, 0
-        while t + path < len(out):
-            want = out[t + path]
-            node = next((c for c in tree.children(node) if tree.tokens[c] == want), -1)
-            if node < 0:
-                break
-            path += 1
-        steps += tree.size > 1
-        accepted += path
-        index.extend(out[t : t + path + 1])
-        t += path + 1
-    return steps, accepted
+    got = drive(NgramDrafter(*lookup), prompt, out, k, TreeSpec(**shape), max_tokens)
+    return len(got.accepted), sum(got.accepted)
 
 
 def replay_rows(

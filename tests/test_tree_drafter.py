@@ -9,6 +9,7 @@ import math
 import torch
 
 from batchspec.engines.tree.drafter import Growth, ModelDrafter, shape_ranks
+from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.model import TreeModel
 
 VOCAB = 6
@@ -99,12 +100,19 @@ def test_the_batched_cached_drafter_grows_what_drafting_from_scratch_grows() -> 
     for step in range(3):
         for slot in range(2):
             contexts[slot] += fresh[slot]
-        growths = [Growth(f[-1], 4, shape_ranks(4, 3)) for f in fresh]
-        drafter.draft([(slot, fresh[slot], growths[slot]) for slot in range(2)])
-        for slot in range(2):
-            tree = growths[slot].tree()
+            drafter.extend(slot, fresh[slot])
+        trees = drafter.draft([Ask(slot, 4, 3) for slot in range(2)])
+        for slot, tree in enumerate(trees):
             assert draft.cache_len[slot] == len(contexts[slot]), step
             assert (tree.tokens, tree.parents) == scratch_tree(draft, contexts[slot], 4, 3)
             # The target "accepts" the first child (if any) and adds a bonus token.
             kids = tree.children(0)
             fresh[slot] = ([tree.tokens[kids[0]]] if kids else []) + [(step * 7 + slot) % 40]
+    # A row asked for no node feeds nothing: its fresh tokens wait for its next draft.
+    drafter.extend(0, fresh[0])
+    contexts[0] += fresh[0]
+    (empty,) = drafter.draft([Ask(0, 0, 3)])
+    assert empty.tokens == [fresh[0][-1]] and draft.cache_len[0] == len(contexts[0]) - len(fresh[0])
+    (tree,) = drafter.draft([Ask(0, 4, 3)])
+    assert draft.cache_len[0] == len(contexts[0])
+    assert (tree.tokens, tree.parents) == scratch_tree(draft, contexts[0], 4, 3)

@@ -18,11 +18,17 @@ was drawn from the q the rule uses given everything before it:
   siblings' tokens removed and renormalised (recursive rejection sampling).
 
 Sampled siblings must stay in the order they were drawn: sorting them by q breaks the rule.
+
+Every random choice goes through a ``Draws`` source: a coin with a given chance, a token from a
+given distribution. The engine's source draws from a ``torch.Generator`` on the model's device;
+a test's source can follow every outcome of every draw with its exact probability, so the
+exact check of losslessness runs this module's own ``accept_sampled``, not a copy of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -90,17 +96,42 @@ def _proposal(tree: DraftTree, node: int, drawn: list[int]) -> torch.Tensor | No
     return q / mass
 
 
+class Draws(Protocol):
+    """The random choices acceptance makes, one call per choice."""
+
+    def bernoulli(self, chance: float) -> bool:
+        """True with probability ``chance`` (clamped to [0, 1] by the comparison)."""
+
+    def categorical(self, p: torch.Tensor) -> int:
+        """A token drawn from ``p`` [vocab] (non-negative, not necessarily normalised)."""
+
+
+class TorchDraws:
+    """``Draws`` from a ``torch.Generator``: one uniform float64 per coin, one per token, made
+    on the generator's device (the model's: a CPU generator cannot draw for CUDA tensors)."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def uniform(self) -> float:
+        g = self.generator
+        return float(torch.rand((), generator=g, dtype=torch.float64, device=g.device))
+
+    def bernoulli(self, chance: float) -> bool:
+        return self.uniform() < chance
+
+    def categorical(self, p: torch.Tensor) -> int:
+        return draw(p, self.uniform())
+
+
 def accept_sampled(
-    tree: DraftTree,
-    probs: torch.Tensor,
-    generator: torch.Generator,
-    step: Step = reject_step,
+    tree: DraftTree, probs: torch.Tensor, draws: Draws, step: Step = reject_step
 ) -> tuple[list[int], int]:
     """Accepted draft nodes (path order, root excluded) and the bonus token, by lossless
     multi-candidate rejection sampling (module docstring). ``probs`` [N, V] is the target's
-    distribution at each node after temperature, top-k and top-p (the caller's job), on the
-    generator's device; ``draft_probs`` likewise. ``step`` is the per-child rule, replaceable
-    so tests can show that a broken rule fails the exact check."""
+    distribution at each node after temperature, top-k and top-p (the caller's job);
+    ``draft_probs`` on the same device. ``step`` is the per-child rule, replaceable so tests
+    can show that a broken rule fails the exact check."""
     node, accepted = 0, []
     while True:
         p = _target(probs, node)
@@ -109,62 +140,24 @@ def accept_sampled(
         for child in tree.children(node):
             x = tree.tokens[child]
             chance, residual = step(p, _proposal(tree, node, drawn), x)
-            u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            if u < chance:
+            if draws.bernoulli(chance):
                 accepted.append(child)
                 node, moved = child, True
                 break
             drawn.append(x)
             p = residual
         if not moved:
-            return accepted, draw(p, generator)
+            return accepted, draws.categorical(p)
 
 
-def draw(p: torch.Tensor, generator: torch.Generator) -> int:
-    """A token drawn from p (non-negative, not necessarily normalised) by inverting its
-    cumulative sum: torch.multinomial took 1.5 ms on a 49k vocabulary here, this ~0.1 ms.
-    A token of probability 0 is never drawn: the first cumulative sum above u has mass."""
+def draw(p: torch.Tensor, u: float) -> int:
+    """The token of p (non-negative, not necessarily normalised) at uniform ``u`` in [0, 1),
+    by inverting its cumulative sum: torch.multinomial took 1.5 ms on a 49k vocabulary here,
+    this ~0.1 ms. A token of probability 0 is never drawn: the first cumulative sum above
+    u has mass."""
     cum = torch.cumsum(p, 0, dtype=torch.float64)
-    u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cum[-1])
-    at = int(torch.searchsorted(cum, torch.tensor([u], dtype=torch.float64), right=True))
+    at_u = torch.tensor([u * float(cum[-1])], dtype=torch.float64, device=cum.device)
+    at = int(torch.searchsorted(cum, at_u, right=True))
     if at >= len(cum):  # u rounded up to the total mass
         at = int((p > 0).nonzero()[-1])
     return at
-
-
-def exact_output_distribution(
-    tree: DraftTree, probs: torch.Tensor, step: Step = reject_step
-) -> dict[tuple[int, ...], float]:
-    """The exact probability of every token sequence ``accept_sampled`` can emit for this tree
-    (the accepted draft tokens, then the bonus), by following every accept and reject branch
-    instead of sampling. For tests on toy vocabularies: it is exponential in nothing but the
-    vocabulary times the tree size."""
-    out: dict[tuple[int, ...], float] = {}
-    _enumerate(tree, probs, step, 0, (), 1.0, out)
-    return out
-
-
-def _enumerate(
-    tree: DraftTree,
-    probs: torch.Tensor,
-    step: Step,
-    node: int,
-    prefix: tuple[int, ...],
-    weight: float,
-    out: dict[tuple[int, ...], float],
-) -> None:
-    """Add to ``out`` the sequences emitted from ``node`` onwards, reached with ``weight``."""
-    p = _target(probs, node)
-    drawn: list[int] = []
-    for child in tree.children(node):
-        x = tree.tokens[child]
-        chance, residual = step(p, _proposal(tree, node, drawn), x)
-        if chance > 0:
-            _enumerate(tree, probs, step, child, (*prefix, x), weight * chance, out)
-        weight *= 1.0 - chance
-        drawn.append(x)
-        p = residual
-    if weight > 0:
-        for tok, pr in enumerate(p.tolist()):
-            if pr > 0:
-                out[(*prefix, tok)] = out.get((*prefix, tok), 0.0) + weight * pr

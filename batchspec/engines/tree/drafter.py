@@ -1,6 +1,6 @@
-"""Draft trees from a draft model, as EAGLE-2 grows them: top-ranked children per node, one
-batched draft forward per depth, and only the K nodes of highest cumulative draft probability
-kept (``shape.select_budget``).
+"""Draft trees from a draft model (``drafting.Drafter``), as EAGLE-2 grows them: top-ranked
+children per node, one batched draft forward per depth, and only the K nodes of highest
+cumulative draft probability kept (``shape.select_budget``).
 
 The draft keeps its own static cache (``model.TreeModel``) of each row's committed tokens. A
 step's first forward feeds what the target committed since the last step (the accepted path
@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.shape import DraftTree, batch_layout, select_budget, top_budget
 from batchspec.models import resolve_model
@@ -93,10 +94,11 @@ class Growth:
             if not ranks:
                 continue
             top = torch.topk(lp, max(ranks) + 1)
+            ids, values = top.indices.tolist(), top.values.tolist()  # one copy from the device
             for r in ranks:
-                self.tokens.append(int(top.indices[r]))
+                self.tokens.append(ids[r])
                 self.parents.append(node)
-                self.scores.append(self.scores[node] + float(top.values[r]))
+                self.scores.append(self.scores[node] + values[r])
                 self.paths.append((*self.paths[node], r))
                 new.append(len(self.tokens) - 1)
         self.kept = sorted(select_budget(self.parents, self.scores, self.budget))
@@ -116,21 +118,39 @@ class ModelDrafter:
         self.model = model
         self.vocab_size = vocab_size
         """The target's: a draft's padded output head may be larger; its extra ids are cut."""
+        self.fresh: dict[int, list[int]] = {}
+        """Per slot, the tokens the row committed that the draft has not fed yet; the last
+        one is the root of the row's next tree."""
 
-    def start(self, slot: int, prompt: list[int], twin: int | None = None) -> None:
+    def start(self, slot: int, prompt: Sequence[int], twin: int | None = None) -> None:
         """Put a new row's prompt into the draft cache (copied from ``twin``'s slot when a row
         in flight has the same prompt)."""
         if twin is not None:
             self.model.share_prefix(twin, slot, len(prompt))
         else:
-            self.model.prefill(slot, prompt)
+            self.model.prefill(slot, list(prompt))
+        self.fresh[slot] = []
+
+    def extend(self, slot: int, tokens: Sequence[int]) -> None:
+        self.fresh[slot].extend(tokens)
 
     def release(self, slot: int) -> None:
         self.model.release(slot)
+        self.fresh.pop(slot, None)
 
-    def draft(self, rows: list[tuple[int, list[int], Growth]]) -> None:
+    def draft(self, asks: Sequence[Ask]) -> list[DraftTree]:
+        """Each row's tree: its fresh tokens fed, then grown depth by depth."""
+        growths = []
+        for a in asks:
+            ranks = shape_ranks(a.budget, a.depth, a.branching, a.paths)
+            growths.append(Growth(self.fresh[a.slot][-1], a.budget, ranks))
+        self._grow([(a.slot, self.fresh[a.slot], g) for a, g in zip(asks, growths, strict=True)])
+        return [g.tree() for g in growths]
+
+    def _grow(self, rows: list[tuple[int, list[int], Growth]]) -> None:
         """Grow each row's tree: ``rows`` holds (slot, the tokens committed by the target since
-        the draft last saw the row, ending with the root, Growth); ``Growth.tree`` gives it."""
+        the draft last saw the row, ending with the root, Growth); ``Growth.tree`` gives it.
+        A row whose tree cannot grow (no budget) keeps its fresh tokens for the next step."""
         active = [r for r in rows if r[2].frontier]
         started = list(active)
         if active:
@@ -142,6 +162,7 @@ class ModelDrafter:
         for slot, _, _ in started:
             # The root's KV, at the slot's first scratch position, joins the prefix.
             self.model.commit(slot, [0])
+            self.fresh[slot] = []
 
     def _first(self, rows: list[tuple[int, list[int], Growth]]) -> None:
         """Feed each row's fresh tokens as a chain; commit all but the root; expand the root."""
@@ -159,9 +180,10 @@ class ModelDrafter:
         offsets = [g.used for _, _, g in rows]
         n = max(len(f) for f in feeds)
         lens = self.model.cache_len
-        tokens = torch.zeros(len(rows), n, dtype=torch.long)
-        positions = torch.zeros(len(rows), n, dtype=torch.long)
-        mask = torch.zeros(len(rows), n, max(offsets) + n, dtype=torch.bool)
+        # Laid out on the host, moved to the model's device by verify in one copy each.
+        tokens = torch.zeros(len(rows), n, dtype=torch.long, device="cpu")
+        positions = torch.zeros(len(rows), n, dtype=torch.long, device="cpu")
+        mask = torch.zeros(len(rows), n, max(offsets) + n, dtype=torch.bool, device="cpu")
         for b, ((slot, _, g), feed) in enumerate(zip(rows, feeds, strict=True)):
             positions[b] = lens[slot]
             for i, (token, depth, ancestors) in enumerate(feed):
@@ -180,12 +202,11 @@ class ModelDrafter:
         return logits[..., : self.vocab_size]
 
 
-def open_drafter(
-    spec: JobSpec, target: TreeModel, dtype: torch.dtype, device: str, room: int
-) -> ModelDrafter:
-    """The draft model: ``speculative.model``, or the target itself, cut to
-    ``tree.draft_layers`` when set (a self-draft shares the target's weights)."""
+def open_model_drafter(spec: JobSpec, target: TreeModel, room: int) -> ModelDrafter:
+    """The draft model on the target's device and dtype: ``speculative.model``, or the target
+    itself, cut to ``tree.draft_layers`` when set (a self-draft shares the target's weights)."""
     s, batch = spec.speculative, spec.model.max_num_seqs
+    dtype, device = target.dtype, target.device
     layers = s.tree.draft_layers if s.tree is not None else None
     if s.model is None:
         assert layers is not None, "the spec requires model or draft_layers"

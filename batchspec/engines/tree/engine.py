@@ -4,48 +4,39 @@ One loop, readable in one sitting, after gpt-fast's ``generate.py``::
 
     fill free slots from the next units (prefill; the first token is sampled plainly)
     every step, for the B rows in flight:
-        draft a tree under each row's root      (n-gram trie over prompt + output)
+        draft a tree under each row's root      (a drafter: n-gram trie or draft model)
         verify all trees in ONE forward         (tree attention mask, positions by depth)
         accept per row                          (greedy: longest argmax path; sampled:
                                                  multi-candidate rejection sampling)
-        keep the accepted path in the KV cache  (compaction), emit path + bonus token
+        keep the accepted path in the KV cache  (KVCache.commit), emit path + bonus token
         finished rows free their slots; a unit whose rows are all done is yielded
 
 K is the number of draft nodes per step (0: plain decoding, the same code with a tree of one
 node), so the worker, ``tune`` and the K controller treat this engine as they treat vLLM.
+
+Everything stays on the model's device (CPU or CUDA): logits, the sampling distributions and
+the random generators; only tokens and probabilities come back to Python, as scalars.
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
-import json
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from batchspec.engines import planted
 from batchspec.engines.base import EngineFailure, UnitSource
-from batchspec.engines.tree.accept import accept_greedy, accept_sampled
-from batchspec.engines.tree.drafter import Growth, open_drafter, shape_ranks
-from batchspec.engines.tree.model import TreeModel
-from batchspec.engines.tree.ngram import NgramIndex
+from batchspec.engines.tree.accept import TorchDraws, accept_greedy, accept_sampled
+from batchspec.engines.tree.drafting import Ask, ask_for
+from batchspec.engines.tree.load import Target, load_target, open_drafter
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
 from batchspec.engines.tree.shape import DraftTree, batch_layout
-from batchspec.models import load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import TreeShape
 from batchspec.units import RowResult, UnitRequests, UnitResult
-
-CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-"""The core slice ``batchspec run --workers N`` gives each worker on CPU (vLLM's variable:
-``0,1`` or ``0-3``; ``|`` separates tensor-parallel ranks, the tree engine takes the first)."""
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class _Open:
@@ -58,50 +49,36 @@ class _Open:
 
 
 class TreeEngine:
-    """Draft trees with n-gram drafts on batchspec's own model runner (``model.TreeModel``)."""
+    """Draft trees from a drafter (``drafting.Drafter``: n-gram or draft model) verified on
+    batchspec's own model runner (``model.TreeModel``)."""
 
-    def __init__(self, spec: JobSpec, k: int, logprobs: int | None = None):
+    def __init__(
+        self, spec: JobSpec, k: int, logprobs: int | None = None, target: Target | None = None
+    ):
+        """Load the job's model (``target``: one already loaded, for tests)."""
         started = time.perf_counter()
-        _bind_cpus()
         self.spec, self.k = spec, k
         self.method = "none" if k == 0 else f"{spec.speculative.method}-tree"
-        m, s = spec.model, spec.speculative
-        model_dir = resolve_model(m.model, "model.model", spec.resolve("."), auto_prepare=True)
-        config = json.loads((model_dir / "config.json").read_text())
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = DTYPES.get(m.dtype, torch.float32 if device == "cpu" else torch.bfloat16)
-        self.max_model_len = m.max_model_len or int(config.get("max_position_embeddings", 2048))
-        # Room beyond a full-length row: a step writes every row's tree, padded to the
-        # batch's largest (K + 1 nodes), behind the row's committed prefix.
-        room = self.max_model_len + k + 1
-        self.model = TreeModel.load(model_dir, dtype, device, m.max_num_seqs, room)
-        if m.max_num_seqs == 1:  # every step one row: compiled (TreeModel.one_row)
-            self.model.use_one_row_kernel()
-        tok_dir = (
-            resolve_model(m.tokenizer, "model.tokenizer", spec.resolve("."))
-            if m.tokenizer
-            else model_dir
-        )
-        self.tokenizer = load_tokenizer(Path(tok_dir), "model.tokenizer")
-        self.stops = Stops(
-            _eos_ids(model_dir, self.tokenizer), list(spec.sampling.stop), self.tokenizer
-        )
-        self.lookup = (s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
-        self.drafter = (
-            # The draft's scratch: the root, up to K fed nodes, and one forward's padding.
-            open_drafter(spec, self.model, dtype, device, room + k + 1)
-            if k > 0 and s.method == "draft_model"
-            else None
-        )
+        target = target or load_target(spec, k)
+        self.model, self.tokenizer = target.model, target.tokenizer
+        self.max_model_len = target.max_model_len
+        self.stops = Stops(target.eos_ids, list(spec.sampling.stop), self.tokenizer)
+        self.drafter = open_drafter(spec, k, self.model)
         self.logprobs = logprobs
-        self.free = list(range(m.max_num_seqs))
+        self.free = list(range(spec.model.max_num_seqs))
         """Free slots, a heap: rows take the lowest, so rows in flight stay adjacent (cheap)."""
         self.rows: list[TreeRow] = []
         self.by_prompt: dict[int, TreeRow] = {}
         """A row in flight per prompt (by hash), whose cached prompt a new row may copy."""
-        self.rng = torch.Generator().manual_seed(m.seed)
+        self.rng = self._generator(spec.model.seed)
+        """Rows without a seed of their own draw from this one, in the order they step."""
         self.planted = planted.planted_on()
         self.build_s = time.perf_counter() - started
+
+    def _generator(self, seed: int) -> torch.Generator:
+        """A generator on the model's device: sampling there needs one (a CPU generator
+        cannot draw for CUDA tensors); on the CPU it is the generator it always was."""
+        return torch.Generator(device=self.model.device).manual_seed(seed)
 
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
         """``base.Engine.run``: rows join the batch as slots free up, across unit boundaries."""
@@ -150,9 +127,9 @@ class TreeEngine:
         """Prefill a row into a free slot and sample its first token plainly."""
         req = owner.unit.rows[index]
         prompt = list(req.prompt_token_ids or [])
-        gen = torch.Generator().manual_seed(req.seed) if req.seed is not None else self.rng
+        gen = self._generator(req.seed) if req.seed is not None else self.rng
         row = TreeRow(
-            req, owner, index, heapq.heappop(self.free), NgramIndex(*self.lookup),
+            req, owner, index, heapq.heappop(self.free),
             max_tokens=min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt)),
             generator=gen, queued=time.monotonic(),
             logprobs=[] if self.logprobs else None,
@@ -162,11 +139,11 @@ class TreeEngine:
             logits = self._prefill(row, prompt)
         except Exception as exc:
             raise EngineFailure(f"tree engine prefill failed: {exc!r}") from exc
-        row.ngram.extend(prompt)
         first = self._choose(logits.unsqueeze(0), gen)
         lps = top_logprobs(logits.unsqueeze(0), [first]) if self.logprobs else None
         row.emit([first], self.stops, lps)
-        row.ngram.extend([first])
+        if self.drafter is not None:
+            self.drafter.extend(row.slot, [first])
         self.rows.append(row)
         if row.finish is not None:
             self._finish(row)
@@ -188,59 +165,30 @@ class TreeEngine:
         return row.prefill_logits
 
     def _choose(self, logits: torch.Tensor, gen: torch.Generator) -> int:
+        """A token sampled plainly from ``logits`` [1, V] (argmax when greedy)."""
         s = self.spec.sampling
         if s.temperature == 0:
             return int(torch.argmax(logits[0]))
         probs = target_probs(logits, s)
         return int(torch.multinomial(probs[0], 1, generator=gen))
 
-    def _plan(self, row: TreeRow) -> tuple[TreeShape, int] | None:
-        """The row's shape and how deep its draft may go this step; None: no draft."""
+    def _ask(self, row: TreeRow) -> Ask | None:
+        """What the row asks of the drafter this step; None: no draft."""
         tree_spec = self.spec.speculative.tree
-        # No path needs to outrun max_tokens (the cache has room for K + 1 nodes).
-        depth = row.max_tokens - len(row.out)
         shape = tree_spec.shape_for(row.req.domain) if tree_spec is not None else None
-        if self.k <= 0 or depth <= 0 or shape is None:
-            return None
-        return shape, min(shape.depth(), depth)
+        return ask_for(row.slot, self.k, shape, row.max_tokens - len(row.out))
 
     def _trees(self) -> list[DraftTree]:
-        """Each row's draft: up to K best-ranked nodes (n-gram trie or draft model)."""
-        plans = [self._plan(row) for row in self.rows]
-        if self.drafter is not None:
-            return self._model_trees(plans)
-        trees = []
-        for row, plan in zip(self.rows, plans, strict=True):
-            if plan is None:
-                trees.append(DraftTree([row.root], [-1]))
-                continue
-            shape, depth = plan
-            trees.append(row.ngram.draft(self.k, depth, shape.branching, _paths(shape)))
-        return trees
-
-    def _model_trees(self, plans: list[tuple[TreeShape, int] | None]) -> list[DraftTree]:
-        """Trees from the draft model, grown for all rows together (one forward per depth);
-        each row hands over the tokens the draft has not seen yet, ending with its root."""
-        assert self.drafter is not None
-        lens = self.drafter.model.cache_len
-        work, growths = [], []
-        for row, plan in zip(self.rows, plans, strict=True):
-            if plan is None:
-                growths.append(None)
-                continue
-            shape, depth = plan
-            fresh = row.out[lens[row.slot] - len(row.req.prompt_token_ids or []) :]
-            ranks = shape_ranks(self.k, depth, shape.branching, _paths(shape))
-            growths.append(Growth(fresh[-1], self.k, ranks))
-            work.append((row.slot, fresh, growths[-1]))
-        try:
-            self.drafter.draft(work)
-        except Exception as exc:
-            raise EngineFailure(f"tree engine draft failed: {exc!r}") from exc
-        return [
-            g.tree() if g is not None else DraftTree([row.root], [-1])
-            for row, g in zip(self.rows, growths, strict=True)
-        ]
+        """Each row's draft (up to K best-ranked nodes), or its root alone."""
+        trees: dict[int, DraftTree] = {}
+        asks = [a for a in map(self._ask, self.rows) if a is not None]
+        if self.drafter is not None and asks:
+            try:
+                drafted = self.drafter.draft(asks)
+            except Exception as exc:
+                raise EngineFailure(f"tree engine draft failed: {exc!r}") from exc
+            trees = {a.slot: t for a, t in zip(asks, drafted, strict=True)}
+        return [trees[r.slot] if r.slot in trees else DraftTree([r.root], [-1]) for r in self.rows]
 
     def _step(self) -> None:
         """One verify forward for every row in flight, then acceptance row by row."""
@@ -250,13 +198,15 @@ class TreeEngine:
         try:
             logits = self.model.verify(
                 [r.slot for r in self.rows], batch.tokens, batch.positions, batch.tree_mask
-            ).cpu()
+            )
         except Exception as exc:
             raise EngineFailure(f"tree engine step failed: {exc!r}") from exc
         for b, (row, tree) in enumerate(zip(list(self.rows), trees, strict=True)):
             self._accept(row, tree, logits[b, : tree.size])
 
     def _accept(self, row: TreeRow, tree: DraftTree, logits: torch.Tensor) -> None:
+        """Accept a path of the row's verified tree, keep it in the cache, emit it and the
+        bonus token; counts take only what was emitted (a row may end inside its path)."""
         s = self.spec.sampling
         if self.planted:
             path = _first_path(tree)
@@ -265,18 +215,19 @@ class TreeEngine:
         elif s.temperature == 0:
             path, bonus = accept_greedy(tree, logits)
         else:
-            path, bonus = accept_sampled(tree, target_probs(logits, s), row.generator)
+            probs = target_probs(logits, s)
+            path, bonus = accept_sampled(tree, probs, TorchDraws(row.generator))
         kept = [0, *path]
         self.model.commit(row.slot, kept)
         emitted = [tree.tokens[i] for i in path] + [bonus]
         lps = top_logprobs(logits[kept], emitted) if self.logprobs else None
-        depth = max(tree.depths())
+        n = row.emit(emitted, self.stops, lps)
         cap = min(self.k, self._depth_cap(row))
-        row.count_step(tree.size - 1, depth, len(path), cap)
-        row.emit(emitted, self.stops, lps)
-        row.ngram.extend(emitted)
+        row.count_step(tree.size - 1, max(tree.depths()), len(path), n, cap)
         if row.finish is not None:
             self._finish(row)
+        elif self.drafter is not None:
+            self.drafter.extend(row.slot, emitted)
 
     def _depth_cap(self, row: TreeRow) -> int:
         tree_spec = self.spec.speculative.tree
@@ -307,29 +258,6 @@ class TreeEngine:
         gc.collect()
 
 
-def _bind_cpus() -> None:
-    """Run on this worker's cores only, so that workers sharing a machine do not contend
-    (the model's thread count follows the affinity)."""
-    bind = os.environ.get(CPU_BIND_ENV, "auto")
-    if torch.cuda.is_available():
-        return
-    if bind in ("auto", "nobind", ""):
-        # One thread per core this process may use: more threads than cores (torch's
-        # default counts the machine's cores) made steps ~10x slower on a shared machine.
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
-        return
-    cpus: set[int] = set()
-    for part in bind.split("|")[0].split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    os.sched_setaffinity(0, cpus)
-    torch.set_num_threads(len(cpus))
-
-
-def _paths(shape: TreeShape) -> list[tuple[int, ...]] | None:
-    return [tuple(p) for p in shape.paths] if shape.paths is not None else None
-
-
 def _first_path(tree: DraftTree) -> list[int]:
     """The planted bias's path: first-ranked children from the root down to a leaf."""
     path: list[int] = []
@@ -338,13 +266,3 @@ def _first_path(tree: DraftTree) -> list[int]:
         node = tree.children(node)[0]
         path.append(node)
     return path
-
-
-def _eos_ids(model_dir: Path, tokenizer: Any) -> set[int]:
-    """End-of-sequence tokens as vLLM takes them: the tokenizer's and generation_config's."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    gen = model_dir / "generation_config.json"
-    if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids |= set(eos) if isinstance(eos, list) else {eos} if eos is not None else set()
-    return ids

@@ -5,6 +5,8 @@ is what pays on a CPU; a tree offers the target several continuations where a ch
 The index is incremental: appending a token records the n-grams that end just before it, in
 O(max_n) dictionary updates, so drafting never rescans the context (rows can be 100k tokens
 long). A draft reads only the ``max_matches`` most recent occurrences of the matched suffix.
+
+``NgramDrafter`` is the engine's drafter (``drafting.Drafter``): one index per row in flight.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
+from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.shape import DraftTree
 
 
@@ -110,3 +113,24 @@ class NgramIndex:
             if allowed is None or child in allowed:
                 key = (-len(group), depth + 1, -group[-1])
                 heapq.heappush(heap, (*key, tok, node, group, child))
+
+
+class NgramDrafter:
+    """``drafting.Drafter`` from each row's own context: its prompt and what it generated."""
+
+    def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.rows: dict[int, NgramIndex] = {}
+
+    def start(self, slot: int, prompt: Sequence[int], twin: int | None = None) -> None:
+        self.rows[slot] = NgramIndex(self.min_n, self.max_n)
+        self.rows[slot].extend(prompt)
+
+    def extend(self, slot: int, tokens: Sequence[int]) -> None:
+        self.rows[slot].extend(tokens)
+
+    def draft(self, asks: Sequence[Ask]) -> list[DraftTree]:
+        return [self.rows[a.slot].draft(a.budget, a.depth, a.branching, a.paths) for a in asks]
+
+    def release(self, slot: int) -> None:
+        self.rows.pop(slot, None)

@@ -1,5 +1,5 @@
-"""One row in the tree engine's batch: its slot, its context for n-gram drafting, what it has
-generated, its speculative counts and timing, and when it is done.
+"""One row in the tree engine's batch: its slot, what it has generated, its speculative counts
+and timing, and when it is done; and the distribution its tokens are sampled from.
 
 The row's *root* is the last token chosen for it, whose KV is not yet in the cache: every step
 verifies a tree under the root, and the step's bonus token becomes the next root.
@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from batchspec.engines.tree.ngram import NgramIndex
 from batchspec.spec import SamplingSpec
 from batchspec.units import RowRequest, RowResult
 
@@ -21,16 +20,24 @@ LOGPROB_TOP = 5
 
 
 def target_probs(logits: torch.Tensor, s: SamplingSpec) -> torch.Tensor:
-    """The distribution rows sample from: logits [N, V] after temperature, top-k and top-p
-    (vLLM's order); float64 so that acceptance ratios and residuals are exact enough."""
+    """The distribution rows sample from: logits [N, V] after temperature, top-k and top-p,
+    in that order, by vLLM's rules (its PyTorch sampler, ``apply_top_k_top_p_pytorch``);
+    float64 so that acceptance ratios and residuals are exact enough.
+
+    Top-k keeps every token whose logit reaches the k-th largest (ties at the cut are all
+    kept). Top-p keeps the smallest set of most probable tokens whose mass reaches top_p, and
+    always the most probable one; vLLM sorts ascending and drops a token when the mass at or
+    below it is <= 1 - top_p, so of tokens tied at the cut it drops the lower ids first (its
+    GPU kernels may break such exact ties otherwise). The same set is summed here from the
+    top down: the mass above a token >= top_p drops it."""
     logits = logits.to(torch.float64) / s.temperature
     if s.top_k > 0 and s.top_k < logits.shape[-1]:
         kth = torch.topk(logits, s.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if s.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always).
+        ascending, order = torch.sort(probs, dim=-1, stable=True)
+        sorted_p, order = ascending.flip(-1), order.flip(-1)  # ties: higher ids first
         drop = (sorted_p.cumsum(-1) - sorted_p) >= s.top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
@@ -46,7 +53,6 @@ class TreeRow:
     owner: Any
     index: int
     slot: int
-    ngram: NgramIndex
     max_tokens: int
     generator: torch.Generator | None
     queued: float
@@ -66,14 +72,17 @@ class TreeRow:
     finish: str | None = None
     text: str | None = None
 
-    def emit(self, tokens: list[int], stops: Stops, lps: list[dict[int, float]] | None) -> None:
+    def emit(self, tokens: list[int], stops: Stops, lps: list[dict[int, float]] | None) -> int:
         """Append a step's tokens up to the first that ends the row (EOS, a stop string,
-        ``max_tokens``); the rest are dropped, as if the row had stopped there."""
+        ``max_tokens``); the rest are dropped, as if the row had stopped there. Returns how
+        many were kept."""
         now = time.monotonic()
         if not self.out:
             self.first_token = now
+        kept = 0
         for i, tok in enumerate(tokens):
             self.out.append(tok)
+            kept += 1
             if self.logprobs is not None and lps is not None:
                 self.logprobs.append(lps[i])
             self.finish = stops.check(self.out, self.max_tokens)
@@ -81,12 +90,17 @@ class TreeRow:
                 break
         self.root = self.out[-1]
         self.last_token = now
+        return kept
 
-    def count_step(self, drafted_nodes: int, depth: int, accepted: int, cap: int) -> None:
-        """A verify step's counts, vLLM's names: steps that checked at least one draft,
-        draft tokens verified, accepted ones, and the histogram by accepted depth."""
+    def count_step(self, drafted_nodes: int, depth: int, path: int, kept: int, cap: int) -> None:
+        """A verify step's counts, vLLM's names: steps that checked at least one draft, draft
+        tokens verified, accepted ones, and the histogram by accepted depth. ``path`` draft
+        tokens were accepted, of which only those among the ``kept`` emitted ones count: a row
+        that ended inside its path (EOS or a stop string there) accepted nothing after its end
+        (vLLM counts them; its counts are taken before the stop check)."""
         if drafted_nodes == 0:
             return
+        accepted = min(path, kept)
         self.steps += 1
         self.drafted += drafted_nodes
         self.accepted += accepted
@@ -94,8 +108,9 @@ class TreeRow:
             self.histogram.extend([0] * (cap + 1 - len(self.histogram)))
         self.histogram[accepted] += 1
         # The geometric acceptance model's failures: a step that stopped above the tree's
-        # deepest node (speculation.estimator.rejected_steps).
-        self.per_step_drafted.append(depth)
+        # deepest node (speculation.estimator.rejected_steps). A row that ended inside its
+        # path rejected nothing: its draft reached the end, as deep as the row could go.
+        self.per_step_drafted.append(depth if kept > path else accepted)
         self.per_step_accepted.append(accepted)
 
     def result(self, tokenizer: Any, speculative: bool) -> RowResult:

@@ -98,26 +98,28 @@ class TreeBatch:
 
 
 def batch_layout(trees: list[DraftTree], cache_lens: list[int]) -> TreeBatch:
-    """Pad B trees to one verify batch. Ancestor masks are built for the whole batch at once by
-    following parent pointers depth times (vectorised), not node by node."""
+    """Pad B trees to one verify batch, on the host (the model moves it to its device in one
+    copy per tensor). Ancestor masks are built for the whole batch at once by following parent
+    pointers depth times (vectorised), not node by node."""
     if len(trees) != len(cache_lens) or not trees:
         raise ValueError(f"{len(trees)} trees for {len(cache_lens)} cache lengths")
-    b, n = len(trees), max(t.size for t in trees)
-    tokens = torch.zeros(b, n, dtype=torch.long)
-    positions = torch.tensor(cache_lens, dtype=torch.long).unsqueeze(1).repeat(1, n)
+    b, n, host = len(trees), max(t.size for t in trees), torch.device("cpu")
+    tokens = torch.zeros(b, n, dtype=torch.long, device=host)
+    positions = torch.tensor(cache_lens, dtype=torch.long, device=host)
+    positions = positions.unsqueeze(1).repeat(1, n)
     # Every node's "parent" for the walk: the root and padding point at themselves.
-    parents = torch.arange(n).repeat(b, 1)
-    valid = torch.zeros(b, n, dtype=torch.bool)
+    parents = torch.arange(n, device=host).repeat(b, 1)
+    valid = torch.zeros(b, n, dtype=torch.bool, device=host)
     deepest = 0
     for row, tree in enumerate(trees):
         depths = tree.depths()
         deepest = max(deepest, max(depths))
         size = tree.size
-        tokens[row, :size] = torch.tensor(tree.tokens)
-        positions[row, :size] += torch.tensor(depths)
-        parents[row, 1:size] = torch.tensor(tree.parents[1:])
+        tokens[row, :size] = torch.tensor(tree.tokens, device=host)
+        positions[row, :size] += torch.tensor(depths, device=host)
+        parents[row, 1:size] = torch.tensor(tree.parents[1:], device=host)
         valid[row, :size] = True
-    mask = torch.eye(n, dtype=torch.bool).repeat(b, 1, 1)
+    mask = torch.eye(n, dtype=torch.bool, device=host).repeat(b, 1, 1)
     up = parents
     for _ in range(deepest):
         mask.scatter_(2, up.unsqueeze(-1), True)
@@ -204,16 +206,3 @@ def top_budget(
     keep = select_budget(parents, scores, budget)
     new = {old: i for i, old in enumerate(keep)}
     return DraftTree([tokens[i] for i in keep], [-1] + [new[parents[i]] for i in keep[1:]])
-
-
-def compaction(accepted: list[int], cache_len: int) -> tuple[list[int], list[int]]:
-    """KV slots to move after a verify that wrote node i's KV at slot cache_len + i: the root
-    and the accepted nodes (path order) must end up at cache_len + depth. Returns (src, dst),
-    only slots that move, in an order that is safe to apply one after another (each dst is
-    below every later src). The new cache length is cache_len + 1 + len(accepted)."""
-    src, dst = [], []
-    for depth, node in enumerate(accepted, 1):
-        if node != depth:
-            src.append(cache_len + node)
-            dst.append(cache_len + depth)
-    return src, dst

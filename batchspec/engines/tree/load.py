@@ -1,0 +1,101 @@
+"""What the tree engine decodes with, loaded for a job: the target model on its device, the
+tokenizer, the end-of-sequence tokens, the drafter; and the process's CPU threads.
+
+The engine takes a ``Target`` ready-made too, so tests run its loop on a small model of
+their own without a model directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from batchspec.engines.tree.drafter import open_model_drafter
+from batchspec.engines.tree.drafting import Drafter
+from batchspec.engines.tree.model import TreeModel
+from batchspec.engines.tree.ngram import NgramDrafter
+from batchspec.models import load_tokenizer, resolve_model
+from batchspec.spec import JobSpec
+
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+"""The core slice ``batchspec run --workers N`` gives each worker on CPU (vLLM's variable:
+``0,1`` or ``0-3``; ``|`` separates tensor-parallel ranks, the tree engine takes the first)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Target:
+    """The model rows are decoded with, and how to read and end its output."""
+
+    model: TreeModel
+    """Its cache holds ``max_num_seqs`` slots of at least ``max_model_len + K + 1``
+    positions: a step writes every row's tree, padded to K + 1 nodes, behind its prefix."""
+    tokenizer: Any
+    eos_ids: set[int]
+    max_model_len: int
+
+
+def load_target(spec: JobSpec, k: int) -> Target:
+    """The job's model on the GPU when there is one (else the CPU, on this worker's cores),
+    in the job's dtype (default: float32 on the CPU, bfloat16 on the GPU)."""
+    m = spec.model
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        bind_cpus()
+    model_dir = resolve_model(m.model, "model.model", spec.resolve("."), auto_prepare=True)
+    config = json.loads((model_dir / "config.json").read_text())
+    dtype = DTYPES.get(m.dtype, torch.float32 if device == "cpu" else torch.bfloat16)
+    max_model_len = m.max_model_len or int(config.get("max_position_embeddings", 2048))
+    model = TreeModel.load(model_dir, dtype, device, m.max_num_seqs, max_model_len + k + 1)
+    if m.max_num_seqs == 1:  # every step one row: compiled (TreeModel.one_row)
+        model.use_one_row_kernel()
+    tok_dir = (
+        resolve_model(m.tokenizer, "model.tokenizer", spec.resolve("."))
+        if m.tokenizer
+        else model_dir
+    )
+    tokenizer = load_tokenizer(Path(tok_dir), "model.tokenizer")
+    return Target(model, tokenizer, eos_ids(model_dir, tokenizer), max_model_len)
+
+
+def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:
+    """The job's drafter (``drafting.Drafter``) on the target's device; None at K=0."""
+    if k <= 0:
+        return None
+    s = spec.speculative
+    if s.method == "draft_model":
+        # The draft's scratch: the root, up to K fed nodes, and one forward's padding.
+        return open_model_drafter(spec, target, target.max_len + k + 1)
+    return NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
+
+
+def bind_cpus() -> None:
+    """Run on this worker's cores only, so that workers sharing a machine do not contend
+    (the model's thread count follows the affinity)."""
+    bind = os.environ.get(CPU_BIND_ENV, "auto")
+    if bind in ("auto", "nobind", ""):
+        # One thread per core this process may use: more threads than cores (torch's
+        # default counts the machine's cores) made steps ~10x slower on a shared machine.
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        return
+    cpus: set[int] = set()
+    for part in bind.split("|")[0].split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
+
+
+def eos_ids(model_dir: Path, tokenizer: Any) -> set[int]:
+    """End-of-sequence tokens as vLLM takes them: the tokenizer's and generation_config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen = model_dir / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids |= set(eos) if isinstance(eos, list) else {eos} if eos is not None else set()
+    return ids
