@@ -118,7 +118,12 @@ def test_export_is_the_input_in_order(done_run: tuple[Path, Path, str], tmp_path
         "ZSTD"
     )
     got = pads.dataset(dest / "data", format="parquet").to_table()
-    assert got.column("id").to_pylist() == pq.read_table(inp).column("id").to_pylist()
+    source = pq.read_table(inp)
+    assert got.column("id").to_pylist() == source.column("id").to_pylist()
+    # The job reads a messages column: row i's chat is input row i's, beside the generation.
+    assert "prompts in `messages`" in stdout
+    assert got.column("messages").to_pylist() == source.column("messages").to_pylist()
+    assert got.column_names.index("messages") + 1 == got.column_names.index("generated_text")
     parts = pl.read_parquet(out / "parts")
     texts = dict(zip(parts["id"], parts["generated_text"], strict=True))
     assert got.column("generated_text").to_pylist() == [
@@ -130,5 +135,7 @@ def test_export_is_the_input_in_order(done_run: tuple[Path, Path, str], tmp_path
         {"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*"}]}
     ]
     assert "| domain | rows |" in card and "`ngram`" in card and "unit_rows: 4" in card
+    assert "| `messages` | `list<struct<role: string, content: string>>` | the chat" in card
+    assert "| `source` | `string` | copied from the input's `source` column |" in card
     code, _, stderr = cli("export", str(out), "--to", str(dest))
     assert code == 2 and stderr.count("\n") == 1 and "not empty" in stderr

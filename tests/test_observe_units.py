@@ -255,6 +255,8 @@ def test_the_card_explains_every_column_and_null_acceptance(tmp_path: Path) -> N
     assert "the prompt, as the input's `prompt` column holds it" in lines["prompt"]
     assert "| `acceptance_histogram` | `list<int32>` |" in card
     assert "| `acceptance_rate` | `float64` |" in card
+    chat = pa.large_list(pa.struct([("role", pa.large_string()), ("content", pa.string_view())]))
+    assert type_name(chat) == "list<struct<role: string, content: string>>"  # polars' input
     unmeasured = sum(1 for i in range(30) if i % 11 != 5 and (i % 3 == 0 or i % 5 == 0))
     assert f"In this dataset {unmeasured} row(s) with a generation have no" in card
     assert "K = 0" in card and "before any step drafted" in card

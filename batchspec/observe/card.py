@@ -84,12 +84,24 @@ def describe(name: str, inp: dict[str, Any]) -> str:
 def type_name(t: pa.DataType) -> str:
     """A column's type as a reader of the card thinks of it: ``list<int32>``, ``float64``,
     ``list<struct<role: string, content: string>>`` (no Arrow item names, which Parquet
-    renames)."""
+    renames, nor large or view variants, which a polars-written input has)."""
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return f"list<{type_name(t.value_type)}>"
     if pa.types.is_struct(t):
         return "struct<" + ", ".join(f"{f.name}: {type_name(f.type)}" for f in t) + ">"
-    return {"double": "float64", "float": "float32", "halffloat": "float16"}.get(str(t), str(t))
+    return _PLAIN.get(str(t), str(t))
+
+
+_PLAIN = {
+    "double": "float64",
+    "float": "float32",
+    "halffloat": "float16",
+    "large_string": "string",
+    "string_view": "string",
+    "large_binary": "binary",
+    "binary_view": "binary",
+}
+"""Arrow's names for how a type is held (offset widths, views) are no matter to a reader."""
 
 
 def columns_table(inp: dict[str, Any], schema: pa.Schema) -> str:
