@@ -30,7 +30,7 @@ from batchspec.spec_keys import (
     no_empty_stop,
     not_set_by_batchspec,
 )
-from batchspec.spec_tree import EngineChoice, TreeSpec, check_speculative, engine_defaults
+from batchspec.spec_tree import VLLM, EngineChoice, TreeSpec, check_speculative, engine_defaults
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
 
@@ -194,7 +194,7 @@ class SpeculativeSpec(_Section):
         "trees*); the keys are listed below",
     )
     engine: EngineChoice = Field(
-        "vllm",
+        VLLM,
         description="`vllm` (chains), `tree` (batchspec's tree engine; a missing `tree` key "
         "means a dynamic tree) or `auto`: whichever `batchspec tune` measured faster at the "
         "job's batch size (ngram, or draft_model with `model`; see *Routing a job to the "
@@ -218,13 +218,21 @@ class SpeculativeSpec(_Section):
     _engine = model_validator(mode="before")(engine_defaults)
     _checked = model_validator(mode="after")(check_speculative)
 
-    def k_for(self, domain: str | None) -> int:
-        """The K to use for a domain; 0 when speculation is off."""
+    def fixed_k(self, domain: str | None) -> int | None:
+        """The K a domain runs at whatever was measured, or None when the K controller
+        chooses it: 0 without a speculative method, the domain's ``per_domain`` K, or with
+        ``adaptive: false`` the spec's K. The one place this rule lives: ``k_for``, the
+        controller (``Controller(fixed=)``), ``KPolicy.decide`` and ``route`` ask it."""
         if self.method == "none":
             return 0
         if domain is not None and domain in self.per_domain:
             return self.per_domain[domain]
-        return self.num_speculative_tokens
+        return None if self.adaptive else self.num_speculative_tokens
+
+    def k_for(self, domain: str | None) -> int:
+        """The K a domain starts at: its fixed K, else where the controller starts."""
+        fixed = self.fixed_k(domain)
+        return self.num_speculative_tokens if fixed is None else fixed
 
 
 class SamplingSpec(_Section):

@@ -10,13 +10,28 @@ tree's nodes below its root. The shape bounds where those nodes may go.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from batchspec.spec_base import _Section
 
-EngineChoice = Literal["vllm", "tree", "auto"]
+VLLM: Final = "vllm"
+"""vLLM's engine (``engines/vllm_engine``): chains, every speculative method, tensor
+parallelism. The production engine, and the one a tie of ``engine: auto`` goes to."""
+TREE: Final = "tree"
+"""batchspec's own engine (``engines/tree``): draft trees, n-gram or draft-model drafts."""
+AUTO: Final = "auto"
+"""Not an engine: whichever of ``ENGINES`` ``batchspec tune`` measured faster at the job's
+batch size (``speculation.route``)."""
+ENGINES: Final = (VLLM, TREE)
+"""The engines batchspec has: the one list of their names (``open_engine`` builds them,
+``tune`` sweeps them, tuning files and shared measurements are keyed by them)."""
+EngineName = Literal["vllm", "tree"]
+"""One of ``ENGINES``, as a type (a tuning file's keys)."""
+EngineChoice = Literal[EngineName, "auto"]
+"""``speculative.engine``: one of ``ENGINES`` or ``AUTO`` (``tests/test_route.py`` checks that
+these types and the names above agree)."""
 
 MAX_TREE_NODES = 64
 """Draft nodes per step at most: one verify forward carries them all, per row."""
@@ -127,23 +142,29 @@ def engine_defaults(data: Any) -> Any:
         return data
     data = dict(data)
     if data.get("engine") is None:
-        data["engine"] = "tree" if data.get("tree") is not None else "vllm"
-    if data["engine"] in ("tree", "auto") and data.get("tree") is None:
+        data["engine"] = TREE if data.get("tree") is not None else VLLM
+    if data["engine"] in (TREE, AUTO) and data.get("tree") is None:
         data["tree"] = {}
     return data
+
+
+def engines_of(choice: str) -> tuple[str, ...]:
+    """The engines a job with ``speculative.engine: choice`` may run on: both for ``AUTO``,
+    else its own."""
+    return ENGINES if choice == AUTO else (choice,)
 
 
 def check_speculative(s: Any) -> Any:
     """Check the speculative section ``s`` as a whole: the engine against the method
     (``auto`` needs a method both engines serve the same way, since the run takes whichever
     ``batchspec tune`` measured faster), the draft, and the n-gram lookup bounds."""
-    if s.engine == "vllm" and s.tree is not None:
+    if s.engine == VLLM and s.tree is not None:
         # A tree the engine cannot draft would be dropped without a word.
         raise ValueError(
             "speculative.tree is set but speculative.engine is vllm, which drafts chains "
             "only: set engine to tree (or auto), or remove the tree key"
         )
-    if s.engine == "auto":
+    if s.engine == AUTO:
         if s.method not in ("ngram", "draft_model"):
             raise ValueError(
                 f"engine auto compares ngram or draft_model speculation on both engines; "
@@ -154,7 +175,7 @@ def check_speculative(s: Any) -> Any:
                 "engine auto needs a draft model both engines load (speculative.model); "
                 "tree.draft_layers drafts on the tree engine only (set engine: tree)"
             )
-    if s.engine != "vllm":
+    if s.engine != VLLM:
         s.tree.check_method(s.method, s.model)
     elif s.method in ("draft_model", "eagle", "eagle3") and not s.model:
         raise ValueError(f"method {s.method} needs speculative.model (the draft)")

@@ -121,7 +121,7 @@ def main() -> None:
 
 def bench_batch(spec, tmp: Path, batch: int, rounds: int, tune_sample: int) -> None:
     from batchspec.io.layout import OutDir
-    from batchspec.speculation.tune import tune
+    from batchspec.measure.tune import tune
 
     tuned = tmp / "tuning.json"
     started = time.perf_counter()

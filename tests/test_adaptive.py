@@ -13,7 +13,14 @@ from conftest import DOMAINS, IN_PROCESS_ENGINE, SPECULATIVE_MEASURED, run_cli, 
 from batchspec.io.layout import OutDir
 from batchspec.spec_file import load_spec
 from batchspec.speculation.estimator import Observation
-from batchspec.speculation.shared import tuning_identity, write_tuning
+from batchspec.speculation.tuning import (
+    BatchTuning,
+    EngineTuning,
+    TuningFile,
+    read_tuning,
+    tuning_identity,
+    write_tuning,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -38,21 +45,15 @@ def fabricated_tuning(job: Path, path: Path, favour: dict[str, int]) -> None:
                     rejections=tokens // 6 if k else 0,
                     spec_steps=tokens // 3 if k else 0,
                     decode_steps=tokens // 2,
-                ).__dict__
+                )
             )
-    write_tuning(
-        path,
-        {
-            "method": "ngram",
-            "identity": tuning_identity(load_spec(job)),
-            "engines": {
-                "vllm": {
-                    "k_grid": [0, 3],
-                    "batches": [{"batch": 8, "observations": observations}],
-                }
-            },
-        },
+    measured = BatchTuning(batch=8, observations=observations)
+    tuning = TuningFile(
+        method="ngram",
+        identity=tuning_identity(load_spec(job)),
+        engines={"vllm": EngineTuning(k_grid=[0, 3], batches=[measured])},
     )
+    write_tuning(path, tuning)
 
 
 def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
@@ -85,11 +86,12 @@ def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path)
     )
     path = OutDir(tmp_path / "out").tuning
     fabricated_tuning(job, path, {d: 3 for d in DOMAINS})  # measured at K=0 and 3 only
-    data = json.loads(path.read_text())
-    data["engines"]["vllm"]["k_grid"] = [0, 3, 5]
+    tuning = read_tuning(path)
+    assert tuning is not None
+    tuning.engines["vllm"].k_grid = [0, 3, 5]
     # So cheap that even these 24 rows are worth a probe.
-    data["engines"]["vllm"]["engine_build_s"] = 0.01
-    write_tuning(path, data)
+    tuning.engines["vllm"].engine_build_s = 0.01
+    write_tuning(path, tuning)
     result = run_cli("run", str(job), "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")

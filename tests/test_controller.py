@@ -138,7 +138,7 @@ def test_a_domains_own_rates_set_the_level_of_its_predicted_ones() -> None:
 
 
 def test_without_measurements_keeps_the_spec_k_and_fixed_domains_stay() -> None:
-    ctl = Controller(8, [0, 1, 3], default_k=3, fixed={"math": 0})
+    ctl = Controller(8, [0, 1, 3], default_k=3, fixed={"math": 0}.get)
     assert ctl.choose("code").k == 3
     for ob in costs_observations(0.9, lambda k: 1.0 + 0.01 * k, [0, 1, 3], domain="math"):
         ctl.add(ob)
@@ -153,16 +153,16 @@ def test_other_batch_sizes_are_ignored() -> None:
     assert ctl.obs == {} and ctl.choose("d").k == 3
 
 
-def policy_with_rates(tmp_path, rates: dict[tuple[str, int], float]):
+def policy_with_rates(tmp_path, rates: dict[tuple[str, int], float], **per_domain: int):
     """An adaptive policy at batch 8 whose domains decode at these measured rates per K
-    (100 tokens per row)."""
+    (100 tokens per row); ``per_domain``: domains whose K the job fixes."""
     from conftest import job_dict, write_job
 
     from batchspec.io.layout import OutDir
     from batchspec.spec_file import load_spec
     from batchspec.speculation.policy import KPolicy
 
-    job = job_dict(tmp_path / "out", speculative={"k_grid": [0, 1, 3]})
+    job = job_dict(tmp_path / "out", speculative={"k_grid": [0, 1, 3], "per_domain": per_domain})
     spec = load_spec(write_job(tmp_path / "job.yaml", job))
     policy = KPolicy(spec, OutDir(tmp_path / "out"), "w")
     for (domain, k), rate in rates.items():
@@ -213,8 +213,8 @@ def test_engines_are_planned_only_where_they_pay_for_their_start(tmp_path) -> No
 
 
 def test_fixed_domains_keep_their_k_in_a_plan_and_share_its_engine(tmp_path) -> None:
-    policy = policy_with_rates(tmp_path, {("a", 0): 10.0, ("a", 1): 14.0, ("a", 3): 12.0})
-    policy.ctl.fixed["f"] = 0
+    rates = {("a", 0): 10.0, ("a", 1): 14.0, ("a", 3): 12.0}
+    policy = policy_with_rates(tmp_path, rates, f=0)
     policy.measured_start(1e6)
     # "f" needs a K=0 engine whatever the plan; "a" stays on the engine that is up.
     assert policy.decide({"a": 800, "f": 8}, 1).plan == {"a": 1, "f": 0}

@@ -22,7 +22,8 @@ FENCE = re.compile(r"^\s*```")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 CITED_PATH = re.compile(
-    r"^(?:batchspec|scripts|tests|jobs|docs|\.ci|engines|io|speculation|work|observe|cluster|cli)"
+    r"^(?:batchspec|scripts|tests|jobs|docs|\.ci"
+    r"|engines|io|speculation|measure|work|observe|cluster|cli)"
     r"/[\w./*-]*$|^[\w-]+\.(?:py|yaml|sh|toml)$"
 )
 """A cited repository path: under a top-level or package folder, or a bare module file name."""

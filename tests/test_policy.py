@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import random
@@ -22,7 +21,15 @@ from batchspec.speculation import policy as policy_module
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy, cheapest_engine_set
-from batchspec.speculation.shared import SharedStats, tuning_identity, write_tuning
+from batchspec.speculation.shared import SharedStats
+from batchspec.speculation.tuning import (
+    BatchTuning,
+    EngineTuning,
+    TuningFile,
+    read_tuning,
+    tuning_identity,
+    write_tuning,
+)
 from batchspec.units import RowRequest, RowResult, WorkUnit
 from batchspec.work.leases import LeaseDir, Leases
 from batchspec.work.scheduler import COUNT_WORKERS_S, Scheduler
@@ -215,14 +222,13 @@ def tuned_job(tmp_path: Path, **tuned_with: dict) -> tuple[Path, Path]:
     other = write_job(tmp_path / "other.yaml", job_dict(tmp_path / "out", **tuned_with))
     ob = Observation("code", 3, 8, rows=10, output_tokens=2000, running_s=100.0, accepted=500)
     path = OutDir(tmp_path / "out").tuning
-    data = {
-        "method": "ngram",
-        "identity": tuning_identity(load_spec(other)),
-        "engines": {
-            "vllm": {"k_grid": [0, 3], "batches": [{"batch": 8, "observations": [ob.__dict__]}]}
-        },
-    }
-    write_tuning(path, data)
+    measured = BatchTuning(batch=8, observations=[ob])
+    tuning = TuningFile(
+        method="ngram",
+        identity=tuning_identity(load_spec(other)),
+        engines={"vllm": EngineTuning(k_grid=[0, 3], batches=[measured])},
+    )
+    write_tuning(path, tuning)
     return job, path
 
 
@@ -241,9 +247,10 @@ def test_a_tuning_file_from_another_job_is_refused(
     job, path = tuned_job(tmp_path, **tuned_with)
     with pytest.raises(UserError, match=field):
         KPolicy(load_spec(job), OutDir(tmp_path / "out"), "w")
-    data = json.loads(path.read_text())
-    data["identity"] = tuning_identity(load_spec(job))
-    write_tuning(path, data)
+    tuning = read_tuning(path)
+    assert tuning is not None
+    tuning.identity = tuning_identity(load_spec(job))
+    write_tuning(path, tuning)
     policy = KPolicy(load_spec(job), OutDir(tmp_path / "out"), "w")
     assert ("code", 3) in policy.ctl.obs
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from conftest import job_dict, run_cli, write_job
@@ -13,51 +14,71 @@ from conftest import job_dict, run_cli, write_job
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.spec_file import load_spec
+from batchspec.spec_tree import AUTO, ENGINES, TREE, VLLM, EngineChoice, EngineName, engines_of
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy
 from batchspec.speculation.route import format_route, route_job, route_table, with_engine
-from batchspec.speculation.shared import SharedStats, tuning_identity, write_tuning
+from batchspec.speculation.shared import SharedStats
+from batchspec.speculation.tuning import (
+    BatchTuning,
+    DomainTuning,
+    EngineTuning,
+    RouteEntry,
+    TuningFile,
+    tuning_identity,
+    write_tuning,
+)
 
 
-def entry(batch: int, rates: dict[str, float], per_row: dict[str, int]) -> dict:
+def entry(batch: int, rates: dict[str, float], per_row: dict[str, int]) -> BatchTuning:
     """A tune entry at one batch size: every domain chose K=2, measured at ``rates`` tok/s,
     its rows ``per_row`` output tokens long."""
-    domains = {d: {"chosen_k": 2, "tokens_per_s": {"0": 1.0, "2": r}} for d, r in rates.items()}
-    observations = [
-        Observation(d, 2, batch, rows=10, output_tokens=10 * per_row[d]).__dict__ for d in rates
-    ]
-    return {"batch": batch, "domains": domains, "observations": observations}
+    domains = {d: DomainTuning(chosen_k=2, tokens_per_s={0: 1.0, 2: r}) for d, r in rates.items()}
+    observations = [Observation(d, 2, batch, rows=10, output_tokens=10 * per_row[d]) for d in rates]
+    return BatchTuning(batch=batch, domains=domains, observations=observations)
+
+
+def tuned(*batches: BatchTuning) -> EngineTuning:
+    return EngineTuning(k_grid=[0, 2], batches=list(batches))
 
 
 def test_the_route_weighs_each_domain_by_the_job_s_rows(tmp_path: Path) -> None:
     # vLLM is faster on code, the tree engine on math; rows are 100 and 50 tokens long.
     tokens = {"code": 100, "math": 50}
     engines = {
-        "vllm": {"batches": [entry(8, {"code": 100.0, "math": 20.0}, tokens)]},
-        "tree": {"batches": [entry(8, {"code": 50.0, "math": 100.0}, tokens)]},
+        "vllm": tuned(entry(8, {"code": 100.0, "math": 20.0}, tokens)),
+        "tree": tuned(entry(8, {"code": 50.0, "math": 100.0}, tokens)),
     }
     spec = load_spec(write_job(tmp_path / "job.yaml", job_dict(tmp_path / "out")))
     # Mostly code: 90 code rows (9000 tokens), 10 math rows (500 tokens).
     (route,) = route_table(engines, {"code": 90, "math": 10}, spec)
     vllm = 9500 / (9000 / 100 + 500 / 20)  # 82.6 tok/s
     tree = 9500 / (9000 / 50 + 500 / 100)  # 51.4 tok/s
-    assert route["engine"] == "vllm" and route["batch"] == 8
-    assert route["tokens_per_s"] == pytest.approx({"vllm": vllm, "tree": tree})
+    assert route.engine == "vllm" and route.batch == 8
+    assert route.tokens_per_s == pytest.approx({"vllm": vllm, "tree": tree})
     # Each domain's rate noise, propagated to the total time (none given here: zero).
-    assert route["noise"] == {"vllm": 0.0, "tree": 0.0}
+    assert route.noise == {"vllm": 0.0, "tree": 0.0}
     # A 10 tok/s noise on vLLM's code rate: seconds 9000/100 ± 9000/100² x 10 = 90 ± 9.
-    engines["vllm"]["batches"][0]["domains"]["code"]["noise_tokens_per_s"] = {"2": 10.0}
+    engines["vllm"].batches[0].domains["code"].noise_tokens_per_s = {2: 10.0}
     (route,) = route_table(engines, {"code": 90, "math": 10}, spec)
-    assert route["noise"]["vllm"] == pytest.approx(9500 * 9 / (90 + 25) ** 2)
+    assert route.noise["vllm"] == pytest.approx(9500 * 9 / (90 + 25) ** 2)
     assert "-> vllm (1.61x)" in format_route(route)
     # A K fixed per domain is what runs, whatever the controller chose: code at K=0 (1 tok/s).
     fixed = load_spec(tmp_path / "job.yaml", ["speculative.per_domain={code: 0}"])
     (route,) = route_table(engines, {"code": 90, "math": 10}, fixed)
-    assert route["tokens_per_s"]["tree"] == pytest.approx(9500 / (9000 / 1 + 500 / 100))
+    assert route.tokens_per_s["tree"] == pytest.approx(9500 / (9000 / 1 + 500 / 100))
     # Mostly math: the tree engine.
     (route,) = route_table(engines, {"code": 5, "math": 95}, spec)
-    assert route["engine"] == "tree"
-    assert route["tokens_per_s"]["tree"] == pytest.approx(5250 / (500 / 50 + 4750 / 100))
+    assert route.engine == "tree"
+    assert route.tokens_per_s["tree"] == pytest.approx(5250 / (500 / 50 + 4750 / 100))
+
+
+def test_the_engine_names_are_one_list() -> None:
+    """The spec's types of ``speculative.engine`` and of a tuning file's engines name what
+    ``ENGINES`` lists (code compares with the names, pydantic checks with the types)."""
+    assert get_args(EngineName) == ENGINES == (VLLM, TREE)
+    assert get_args(EngineChoice) == (*ENGINES, AUTO)
+    assert engines_of(AUTO) == ENGINES and engines_of(TREE) == (TREE,)
 
 
 def auto_job(tmp_path: Path, **speculative: object) -> Path:
@@ -65,18 +86,16 @@ def auto_job(tmp_path: Path, **speculative: object) -> Path:
     return write_job(tmp_path / "job.yaml", job_dict(tmp_path / "out", speculative=spec))
 
 
-def routed_tuning(job: Path, engines: dict[str, int], route: dict[int, str]) -> dict:
+def routed_tuning(job: Path, engines: dict[str, int], route: dict[int, str]) -> TuningFile:
     """A tuning file of ``job`` measured on ``engines`` (name: batch size), routing ``route``."""
     spec = load_spec(job)
-    data = {
-        "identity": tuning_identity(spec),
-        "engines": {
-            e: {"k_grid": [0, 2], "batches": [entry(b, {}, {})]} for e, b in engines.items()
-        },
-        "route": [{"batch": b, "engine": e, "tokens_per_s": {}} for b, e in route.items()],
-    }
-    write_tuning(OutDir(spec.output_dir).tuning, data)
-    return data
+    tuning = TuningFile(
+        identity=tuning_identity(spec),
+        engines={e: tuned(entry(b, {}, {})) for e, b in engines.items()},
+        route=[RouteEntry(batch=b, engine=e) for b, e in route.items()],
+    )
+    write_tuning(OutDir(spec.output_dir).tuning, tuning)
+    return tuning
 
 
 def test_an_auto_job_runs_on_the_engine_its_tuning_file_routes_it_to(tmp_path: Path) -> None:
@@ -111,7 +130,7 @@ def test_a_tuning_file_of_one_engine_does_not_serve_another(tmp_path: Path) -> N
     path = out.tuning
     data = json.loads(path.read_text())
     del data["engines"]
-    write_tuning(path, data)
+    path.write_text(json.dumps(data))
     with pytest.raises(UserError, match="older batchspec tune"):
         route_job(spec, out)
 

@@ -6,9 +6,12 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "batchspec"
-LAYERS = ["io", "engines", "speculation", "work", "cluster|observe", "cli"]
+LAYERS = ["io", "engines", "speculation", "measure", "work", "cluster|observe", "cli"]
 """Folders in the order data flows; top-level modules (spec, units, errors, models) come first.
-A module may import its own layer and the ones before it, never a later one."""
+A module may import its own layer and the ones before it, never a later one. ``measure``
+(``tune``, ``verify``) drives engines and uses the K model, so it comes after them; a run never
+needs it (it reads what ``tune`` measured through ``speculation.tuning``) and it needs nothing
+of a run's claiming or writing, so it comes before ``work``, which may then not import it."""
 
 
 def layer(module: str) -> int:

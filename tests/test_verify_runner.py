@@ -11,8 +11,8 @@ import pytest
 from conftest import small_job
 
 from batchspec.errors import UserError
+from batchspec.measure import verify as verify_mod
 from batchspec.spec_file import load_spec
-from batchspec.speculation import verify as verify_mod
 from batchspec.units import RowResult
 
 

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from batchspec.speculation.verify_checks import compare_greedy, greedy_check, sampled_check
-from batchspec.speculation.verify_stats import (
+from batchspec.measure.verify_checks import compare_greedy, greedy_check, sampled_check
+from batchspec.measure.verify_stats import (
     MIN_POOLED,
     OTHER,
     chi2_isf,

@@ -165,11 +165,12 @@ def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
 def _engine_line(spec: JobSpec, pre: Preflight) -> str:
     """Which engine serves the job, with what: ``validate``'s answer."""
     from batchspec.io.layout import OutDir
+    from batchspec.spec_tree import AUTO, TREE, VLLM
     from batchspec.speculation.route import route_job
 
     s = spec.speculative
     if s.method == "none":
-        return f"{'vLLM' if s.engine == 'vllm' else 'batchspec tree engine'}; speculation: off"
+        return f"{'vLLM' if s.engine == VLLM else 'batchspec tree engine'}; speculation: off"
     layers = s.tree.draft_layers if s.tree is not None else None
     source = "" if s.method != "draft_model" else f", drafted by {s.model or 'the target'}"
     source += f" cut to {len(layers)} layers" if layers else ""
@@ -179,8 +180,8 @@ def _engine_line(spec: JobSpec, pre: Preflight) -> str:
     )
     draft = f", draft {pre.draft_dir} (tokenizer identical)" if pre.draft_dir else ""
     chains = f"vLLM, {s.method} chains, K={s.num_speculative_tokens}{draft}"
-    if s.engine != "auto":
-        return tree if s.engine == "tree" else chains
+    if s.engine != AUTO:
+        return tree if s.engine == TREE else chains
     routed = route_job(spec, OutDir(spec.output_dir)).speculative.engine  # checked: routed
     how = f"{routed}, as batchspec tune measured at batch {spec.model.max_num_seqs}"
     return f"auto: the faster of {tree}, and {chains}; now {how}"
@@ -216,7 +217,7 @@ def tune(
 ) -> None:
     """Measure tokens/s and acceptance per domain for every K of the grid; write tuning.json."""
     from batchspec.io.layout import OutDir
-    from batchspec.speculation.tune import tune as run_tune
+    from batchspec.measure.tune import tune as run_tune
 
     spec = load_job(job, overrides, output)
     try:

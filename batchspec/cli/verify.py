@@ -106,9 +106,9 @@ def verify(
     """Check that JOB's speculation leaves the target's output distribution unchanged."""
     from batchspec.io.checks import check_output_dir
     from batchspec.io.layout import OutDir
+    from batchspec.measure.verify import verify as run_verify
+    from batchspec.measure.verify import write_report
     from batchspec.speculation.route import route_job
-    from batchspec.speculation.verify import verify as run_verify
-    from batchspec.speculation.verify import write_report
 
     spec = load_job(job, overrides, output)
     check_output_dir(spec.output_dir)  # before the route reads a tuning file there

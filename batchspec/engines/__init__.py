@@ -6,10 +6,11 @@ pre-flight checks, status and reports never load an inference stack.
 
 from __future__ import annotations
 
-from batchspec.engines.base import Engine, EngineFailure, UnitSource
+from batchspec.engines.base import Engine, EngineFailure, ListSource, UnitSource
 from batchspec.spec import JobSpec
+from batchspec.spec_tree import AUTO, TREE
 
-__all__ = ["Engine", "EngineFailure", "UnitSource", "open_engine"]
+__all__ = ["Engine", "EngineFailure", "ListSource", "UnitSource", "open_engine"]
 
 
 def open_engine(spec: JobSpec, k: int, logprobs: int | None = None) -> Engine:
@@ -18,9 +19,9 @@ def open_engine(spec: JobSpec, k: int, logprobs: int | None = None) -> Engine:
     ``speculative.engine`` says which: batchspec's tree engine or vLLM (``auto`` is routed
     to one of them first, ``speculation.route``)."""
     engine = spec.speculative.engine
-    if engine == "auto":
+    if engine == AUTO:
         raise ValueError("speculative.engine auto: route the job first (speculation.route)")
-    if engine == "tree":
+    if engine == TREE:
         from batchspec.engines.tree.engine import TreeEngine
 
         return TreeEngine(spec, k, logprobs)

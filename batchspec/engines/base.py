@@ -10,6 +10,7 @@ worker knowing which it got.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -27,6 +28,24 @@ class UnitSource(Protocol):
 
     def wait(self) -> None:
         """Block briefly while units held by other workers may come free."""
+
+
+class ListSource:
+    """A fixed list of units for an engine: no claiming, no waiting. What drives an engine
+    outside a run (``batchspec tune`` and ``verify``, benchmarks): every unit is there from
+    the start."""
+
+    def __init__(self, units: list[UnitRequests]):
+        self.units = deque(units)
+
+    def next_unit(self) -> UnitRequests | None:
+        return self.units.popleft() if self.units else None
+
+    def exhausted(self) -> bool:
+        return not self.units
+
+    def wait(self) -> None:
+        return None
 
 
 class Engine(Protocol):

@@ -26,6 +26,7 @@ from batchspec.io.reader import UnitReader
 from batchspec.io.writer import RESERVED
 from batchspec.models import load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
+from batchspec.spec_tree import TREE
 from batchspec.units import WorkUnit
 
 # Texts a draft and its target must encode identically: prose, code, digits, non-ASCII.
@@ -122,7 +123,7 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
                 raise UserError(f"speculative.model: tokenizer differs from the target's: {diff}")
     if s.tree is not None and s.tree.draft_layers is not None:
         check_draft_layers(s.tree.draft_layers, draft or target)
-    if s.engine != "tree" and importlib.util.find_spec("vllm") is None:
+    if s.engine != TREE and importlib.util.find_spec("vllm") is None:
         # A CUDA machine may have torch and transformers only: the tree engine runs there.
         raise UserError(
             f"speculative.engine: {s.engine} needs vLLM, which is not installed here "

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import polars as pl
 
+from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.observe.scan import PARTS_PER_SCAN, Scan, scan_output, table_of, with_latency
 from batchspec.speculation.controller import Controller
-from batchspec.speculation.shared import SharedStats, read_tuning, tuning_observations
+from batchspec.speculation.shared import SharedStats
+from batchspec.speculation.tuning import TuningFile, read_tuning
 from batchspec.work.runlog import RunStats
 
 ControllerView = tuple[int, dict[str | None, tuple[float | None, int, float | None]]]
@@ -28,21 +30,23 @@ def controller_view(out: OutDir) -> ControllerView | None:
     was measured.
     """
     observations = SharedStats(out, "report").read_new()
-    tuning = read_tuning(out.tuning) or {}
+    try:
+        tuning = read_tuning(out.tuning) or TuningFile(engines={})
+    except UserError:  # a tuning file no run could use: the run's own units only
+        tuning = TuningFile(engines={})
     # The engine the run's units ran on (the last one, if a rerun changed it), else the
     # first one tuned; step costs differ by engine.
-    tuned = tuning.get("engines", {})
     ran = [o.engine for o in observations if o.engine is not None]
-    engine = ran[-1] if ran else next(iter(tuned), None)
+    engine = ran[-1] if ran else next(iter(tuning.engines), None)
     observations = [o for o in observations if o.engine in (None, engine)]
-    entry = tuned.get(engine, {})
-    batches = [o.batch for o in observations] or [b["batch"] for b in entry.get("batches", [])]
+    entry = tuning.engines.get(engine)  # type: ignore[call-overload]
+    batches = [o.batch for o in observations] or [b.batch for b in (entry.batches if entry else [])]
     if not batches:
         return None
     batch = max(set(batches), key=batches.count)
-    grid = entry.get("k_grid") or sorted({o.k for o in observations})
+    grid = (entry.k_grid if entry else None) or sorted({o.k for o in observations})
     ctl = Controller(batch, grid, default_k=max(grid))
-    ctl.load_observations(tuning_observations(tuning, batch, engine or ""))
+    ctl.load_observations(tuning.observations(batch, engine or ""))
     for ob in observations:
         ctl.add(ob)
     view = {}

@@ -7,8 +7,7 @@ lookup (see ``estimator`` for the model, ``policy`` for the engines).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -31,13 +30,18 @@ class Controller:
     """
 
     def __init__(
-        self, batch: int, k_grid: Iterable[int], default_k: int, fixed: dict[str, int] | None = None
+        self,
+        batch: int,
+        k_grid: Iterable[int],
+        default_k: int,
+        fixed: Callable[[str | None], int | None] | None = None,
     ):
         self.batch = batch
         self.k_grid = sorted(set(k_grid))
         self.default_k = default_k
-        self.fixed = dict(fixed or {})
-        """Per-domain K set by the user (speculative.per_domain): never changed."""
+        self.fixed_k = fixed or (lambda domain: None)
+        """A domain's K when the user fixed it (``SpeculativeSpec.fixed_k``), never changed;
+        None where the controller chooses."""
         self.obs: dict[tuple[str | None, int], Observation] = {}
         self.version = 0
         """Counts the observations taken in: predictions change only when it does."""
@@ -92,9 +96,9 @@ class Controller:
                 setattr(self, name, new)
         return i
 
-    def load_observations(self, items: Iterable[dict[str, Any]]) -> None:
+    def load_observations(self, items: Iterable[Observation]) -> None:
         for item in items:
-            self.add(Observation(**item))
+            self.add(item)
 
     # -- estimates -----------------------------------------------------------------------
 
@@ -116,8 +120,9 @@ class Controller:
         return self._current().steps
 
     def choose(self, domain: str | None) -> Choice:
-        if domain is not None and domain in self.fixed:
-            return Choice(domain, self.fixed[domain], None, None)
+        fixed = self.fixed_k(domain)
+        if fixed is not None:
+            return Choice(domain, fixed, None, None)
         t = self._current()
         i = self.index.get(domain, t.blank)
         rates = {k: float(r) for k, r in zip(self.k_grid, t.rates[i], strict=True) if r == r}
@@ -133,9 +138,10 @@ class Controller:
         at = [self.index.get(d, t.blank) for d in domains]
         rates, k = t.rates[at], t.k[at]
         for i, d in enumerate(domains):
-            if d is not None and d in self.fixed:
+            fixed = self.fixed_k(d)
+            if fixed is not None:
                 rates[i] = np.nan
-                k[i] = self.fixed[d]
+                k[i] = fixed
         return rates, k
 
     def _current(self) -> _Table:

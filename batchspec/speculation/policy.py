@@ -21,7 +21,8 @@ from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
-from batchspec.speculation.shared import SharedStats, job_tuning, tuning_observations
+from batchspec.speculation.shared import SharedStats
+from batchspec.speculation.tuning import job_tuning
 
 Domain = str | None
 
@@ -55,7 +56,7 @@ class KPolicy:
         self.spec = spec
         self.adaptive = s.adaptive and s.method != "none"
         self.ctl = Controller(
-            spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.per_domain
+            spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.fixed_k
         )
         self.shared = SharedStats(out, worker)
         self._taken: dict[Domain, tuple[int, int]] = {}
@@ -66,9 +67,8 @@ class KPolicy:
         self.engine = s.engine
         tuning = job_tuning(spec, out)
         if tuning is not None:
-            batch = spec.model.max_num_seqs
-            self.ctl.load_observations(tuning_observations(tuning, batch, self.engine))
-            self.build_s = tuning["engines"][self.engine].get("engine_build_s")
+            self.ctl.load_observations(tuning.observations(spec.model.max_num_seqs, self.engine))
+            self.build_s = tuning.engines[self.engine].engine_build_s
         self.refresh()
 
     @property
@@ -100,8 +100,8 @@ class KPolicy:
 
     def decide(self, rows: dict[Domain, int], engine_k: int | None, workers: int = 1) -> Decision:
         """The plan and the probe for the rows left (``workers`` share them), in one pass."""
-        if not self.adaptive:
-            return Decision({d: self.spec.speculative.k_for(d) for d in rows}, None)
+        if not self.adaptive:  # every domain's K is fixed
+            return Decision({d: self.ctl.choose(d).k for d in rows}, None)
         domains = list(rows)
         rates, own = self.ctl.table(domains)
         # Output tokens of this worker's share of each domain's rows (max_tokens per row
@@ -171,7 +171,7 @@ class KPolicy:
         if 2 * self.build_s > self.spec.speculative.explore * left:
             return None
         for d in sorted(rows, key=lambda x: -rows[x]):
-            if d in self.ctl.fixed or plan[d] not in column:
+            if self.ctl.fixed_k(d) is not None or plan[d] not in column:
                 continue
             i = column[plan[d]]
             for j in (i + 1, i - 1):
@@ -183,7 +183,7 @@ class KPolicy:
         """Whether the next unit of this domain, planned at ``best``, should run at
         ``engine_k``, a grid neighbour, to keep measuring it: while fewer than ``explore`` of
         the domain's units this worker took ran away from their planned K."""
-        if not self.adaptive or domain in self.ctl.fixed:
+        if not self.adaptive or self.ctl.fixed_k(domain) is not None:
             return False
         grid = self.ctl.k_grid
         if best not in grid or engine_k not in grid:

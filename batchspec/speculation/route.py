@@ -13,12 +13,18 @@ record at the start of every worker; without one it refuses the job rather than 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
-from batchspec.speculation.shared import ENGINES, check_tuning, read_tuning
+from batchspec.spec_tree import AUTO, ENGINES, TREE, VLLM
+from batchspec.speculation.tuning import (
+    BatchTuning,
+    EngineTuning,
+    RouteEntry,
+    check_tuning,
+    read_tuning,
+)
 
 
 def with_engine(spec: JobSpec, engine: str) -> JobSpec:
@@ -27,65 +33,56 @@ def with_engine(spec: JobSpec, engine: str) -> JobSpec:
     return spec.model_copy(update={"speculative": s})
 
 
-def predicted_rate(
-    entry: dict[str, Any], rows: dict[str, int], spec: JobSpec
-) -> tuple[float, float]:
+def predicted_rate(entry: BatchTuning, rows: dict[str, int], spec: JobSpec) -> tuple[float, float]:
     """Output tokens/s of the job's rows at one batch size on one engine, from its tuning
     entry, and that figure's standard error: each domain at the K its run would use (the
-    controller's choice, or the spec's fixed K when that was measured: ``per_domain``, or
-    every K with ``adaptive: false``), its rows' tokens
-    over its measured rate, summed; the domains' rate noises propagated to the total time."""
+    controller's choice, or the spec's fixed K when that was measured: ``fixed_k``), its rows'
+    tokens over its measured rate, summed; the domains' rate noises propagated to the total
+    time."""
     tokens = seconds = variance = 0.0
-    for domain, d in entry["domains"].items():
-        measured_k = {int(k): r for k, r in d["tokens_per_s"].items()}  # str keys once saved
-        noise = {int(k): e for k, e in d.get("noise_tokens_per_s", {}).items()}
-        k = d["chosen_k"]
-        s = spec.speculative  # a fixed K (per_domain, or no controller) is what runs
-        fixed = s.per_domain.get(domain) if s.adaptive else s.k_for(domain)
-        if fixed is not None and fixed in measured_k:
-            k = fixed
-        rate = measured_k[k]
-        obs = [o for o in entry["observations"] if str(o["domain"]) == domain and o["rows"]]
+    for domain, d in entry.domains.items():
+        fixed = spec.speculative.fixed_k(domain)  # a fixed K is what runs
+        k = fixed if fixed is not None and fixed in d.tokens_per_s else d.chosen_k
+        rate = d.tokens_per_s[k]
+        obs = [o for o in entry.observations if str(o.domain) == domain and o.rows]
         if not obs:
             continue  # every sampled row failed: nothing to weigh
-        per_row = sum(o["output_tokens"] for o in obs) / sum(o["rows"] for o in obs)
+        per_row = sum(o.output_tokens for o in obs) / sum(o.rows for o in obs)
         n = rows.get(domain, 0) * per_row
         tokens += n
         seconds += n / rate if rate > 0 else float("inf")
-        variance += (n / rate**2 * noise.get(k, 0.0)) ** 2 if rate > 0 else 0.0
+        variance += (n / rate**2 * d.noise_tokens_per_s.get(k, 0.0)) ** 2 if rate > 0 else 0.0
     if not 0 < seconds < float("inf"):
         return 0.0, 0.0
     return tokens / seconds, tokens * math.sqrt(variance) / seconds**2
 
 
 def route_table(
-    engines: dict[str, dict[str, Any]], rows: dict[str, int], spec: JobSpec
-) -> list[dict[str, Any]]:
+    engines: dict[str, EngineTuning], rows: dict[str, int], spec: JobSpec
+) -> list[RouteEntry]:
     """Per batch size tuned: each engine's predicted tokens/s with its noise, and the faster
     engine (vLLM on a tie: the production engine, with tensor parallelism and every
     speculative method)."""
     table = []
-    for i, entry in enumerate(engines["vllm"]["batches"]):
+    for i, entry in enumerate(engines[VLLM].batches):
         rates, noise = {}, {}
         for e in ENGINES:
-            rates[e], noise[e] = predicted_rate(engines[e]["batches"][i], rows, spec)
-        best = "tree" if rates["tree"] > rates["vllm"] else "vllm"
-        table.append(
-            {"batch": entry["batch"], "engine": best, "tokens_per_s": rates, "noise": noise}
-        )
+            rates[e], noise[e] = predicted_rate(engines[e].batches[i], rows, spec)
+        best = TREE if rates[TREE] > rates[VLLM] else VLLM
+        table.append(RouteEntry(batch=entry.batch, engine=best, tokens_per_s=rates, noise=noise))
     return table
 
 
-def format_route(route: dict[str, Any]) -> str:
+def format_route(route: RouteEntry) -> str:
     """One line per batch size: both engines' predicted tokens/s and the choice."""
-    r, e = route["tokens_per_s"], route.get("noise", {})
-    other = "vllm" if route["engine"] == "tree" else "tree"
-    ratio = r[route["engine"]] / r[other] if r[other] > 0 else float("inf")
-    close = abs(r["tree"] - r["vllm"]) <= math.hypot(e.get("tree", 0.0), e.get("vllm", 0.0))
+    r, e = route.tokens_per_s, route.noise
+    other = VLLM if route.engine == TREE else TREE
+    ratio = r[route.engine] / r[other] if r[other] > 0 else float("inf")
+    close = abs(r[TREE] - r[VLLM]) <= math.hypot(e.get(TREE, 0.0), e.get(VLLM, 0.0))
     return (
-        f"batch {route['batch']}: tree engine {r['tree']:.1f}±{e.get('tree', 0.0):.1f} tok/s, "
-        f"vLLM {r['vllm']:.1f}±{e.get('vllm', 0.0):.1f} tok/s (each domain at its chosen K, "
-        f"the job's rows) -> {route['engine']} ({ratio:.2f}x"
+        f"batch {route.batch}: tree engine {r[TREE]:.1f}±{e.get(TREE, 0.0):.1f} tok/s, "
+        f"vLLM {r[VLLM]:.1f}±{e.get(VLLM, 0.0):.1f} tok/s (each domain at its chosen K, "
+        f"the job's rows) -> {route.engine} ({ratio:.2f}x"
         + (", within the noise: tune more rows to be sure)" if close else ")")
     )
 
@@ -93,7 +90,7 @@ def format_route(route: dict[str, Any]) -> str:
 def route_job(spec: JobSpec, out: OutDir) -> JobSpec:
     """The job on the engine it runs on: its own, or for ``auto`` the one the output
     directory's tuning file measured faster at ``max_num_seqs`` (UserError without one)."""
-    if spec.speculative.engine != "auto":
+    if spec.speculative.engine != AUTO:
         return spec
     path, batch = out.tuning, spec.model.max_num_seqs
     tuning = read_tuning(path)
@@ -104,11 +101,11 @@ def route_job(spec: JobSpec, out: OutDir) -> JobSpec:
             "speculative.engine to vllm or tree)"
         )
     check_tuning(tuning, spec, path)
-    for route in tuning.get("route", []):
-        if route["batch"] == batch:
-            return with_engine(spec, route["engine"])
-    measured = [r["batch"] for r in tuning.get("route", [])]
+    routes = tuning.route or []
+    for route in routes:
+        if route.batch == batch:
+            return with_engine(spec, route.engine)
     raise UserError(
-        f"speculative.engine: auto: {path} routes batch sizes {measured}, the job runs "
-        f"model.max_num_seqs={batch}: run batchspec tune --batch {batch}"
+        f"speculative.engine: auto: {path} routes batch sizes {[r.batch for r in routes]}, the "
+        f"job runs model.max_num_seqs={batch}: run batchspec tune --batch {batch}"
     )

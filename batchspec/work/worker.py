@@ -24,7 +24,7 @@ from batchspec.spec import JobSpec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy
 from batchspec.speculation.route import route_job
-from batchspec.speculation.shared import job_tuning
+from batchspec.speculation.tuning import job_tuning
 from batchspec.units import UnitResult, WorkUnit
 from batchspec.work.claims import ClaimingSource, Claims, FailureLog
 from batchspec.work.leases import Leases

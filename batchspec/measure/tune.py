@@ -14,39 +14,29 @@ auto`` is swept on both engines, and the file records which one each batch size 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from batchspec.engines import Engine, open_engine
+from batchspec.engines import Engine, ListSource, open_engine
 from batchspec.errors import UserError
 from batchspec.io.checks import preflight
 from batchspec.io.inputs import PromptBuilder
 from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
+from batchspec.spec_tree import AUTO, engines_of
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.route import format_route, route_table, with_engine
-from batchspec.speculation.shared import job_engines, tuning_identity, write_tuning
+from batchspec.speculation.tuning import (
+    BatchTuning,
+    DomainTuning,
+    EngineTuning,
+    TuningFile,
+    tuning_identity,
+    write_tuning,
+)
 from batchspec.units import UnitRequests, WorkUnit
-
-
-class ListSource:
-    """A fixed list of units for the engine: no claiming, no waiting."""
-
-    def __init__(self, units: list[UnitRequests]):
-        self.units = deque(units)
-
-    def next_unit(self) -> UnitRequests | None:
-        return self.units.popleft() if self.units else None
-
-    def exhausted(self) -> bool:
-        return not self.units
-
-    def wait(self) -> None:
-        return None
 
 
 def sample_units(units: list[WorkUnit], per_domain: int) -> dict[str | None, list[WorkUnit]]:
@@ -98,7 +88,7 @@ def tune(
     batches: list[int],
     out: Path,
     echo: Callable[[str], object] = print,
-) -> dict[str, Any]:
+) -> TuningFile:
     """Sweep K x batch size on each engine the job may run on (both for ``engine: auto``),
     print a table per engine and batch size, and for ``auto`` the engine each batch size is
     routed to; write the tuning file. Each domain runs ``sample`` rows at each K and batch
@@ -109,31 +99,33 @@ def tune(
     pre = preflight(spec)
     tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
     samples = sample_units(pre.units, max(sample, *batches))
-    data: dict[str, Any] = {
-        "method": s.method,
-        "identity": tuning_identity(spec),
-        "spec_hash": spec.content_hash(),
-        "created": time.time(),
-        "engines": {},
-    }
-    for engine in job_engines(spec):
+    engines = {}
+    for engine in engines_of(s.engine):
         echo(f"engine {engine}:")
         sweep = _Sweep(with_engine(spec, engine), samples, sample, tokenizer, echo)
-        data["engines"][engine] = {
-            "k_grid": sweep.grid,
-            "sample_rows": {b: sweep.rows_at(b) for b in batches},
-            "batches": [sweep.batch(b) for b in batches],
+        measured = [sweep.batch(b) for b in batches]
+        engines[engine] = EngineTuning(
+            k_grid=sweep.grid,
+            sample_rows={b: sweep.rows_at(b) for b in batches},
+            batches=measured,
             # What a run's K controller weighs an engine switch against.
-            "engine_build_s": sum(sweep.builds) / len(sweep.builds),
-        }
-    if s.engine == "auto":
+            engine_build_s=sum(sweep.builds) / len(sweep.builds),
+        )
+    tuning = TuningFile(
+        method=s.method,
+        identity=tuning_identity(spec),
+        spec_hash=spec.content_hash(),
+        created=time.time(),
+        engines=engines,
+    )
+    if s.engine == AUTO:
         rows = {str(d): n for d, n in pre.domains().items()}
-        data["route"] = route_table(data["engines"], rows, spec)
+        tuning.route = route_table(tuning.engines, rows, spec)
         echo("speculative.engine auto routes (predicted from the measurements above):")
-        for route in data["route"]:
+        for route in tuning.route:
             echo("  " + format_route(route))
-    write_tuning(out, data)
-    return data
+    write_tuning(out, tuning)
+    return tuning
 
 
 class _Sweep:
@@ -159,7 +151,7 @@ class _Sweep:
         """Rows per domain and K at this batch size: ``--sample``, at least a full batch."""
         return max(self.rows, batch)
 
-    def batch(self, batch: int) -> dict[str, Any]:
+    def batch(self, batch: int) -> BatchTuning:
         """One batch size: an engine per K, every domain measured on it; the tuning entry."""
         bspec = _with_batch(self.spec, batch)
         observations: list[Observation] = []
@@ -192,31 +184,27 @@ class _Sweep:
             # What a full batch makes at each K (rows' rate x batch) and that figure's noise.
             obs = {o.k: o for o in observations if o.domain == domain}
             rates = {k: (o.rate or 0.0) * batch for k, o in obs.items()}
-            domains[str(domain)] = {
-                "chosen_k": choice.k,
-                "best_measured_k": max(rates, key=lambda x: (rates[x], -x)),
-                "alpha": choice.alpha,
-                "alpha_std": choice.alpha_std,
-                "tokens_per_s": rates,
-                "noise_tokens_per_s": {k: (o.rate_noise or 0.0) * batch for k, o in obs.items()},
-                "wall_tokens_per_s": walls[str(domain)],
-            }
+            domains[str(domain)] = DomainTuning(
+                chosen_k=choice.k,
+                best_measured_k=max(rates, key=lambda x: (rates[x], -x)),
+                alpha=choice.alpha,
+                alpha_std=choice.alpha_std,
+                tokens_per_s=rates,
+                noise_tokens_per_s={k: (o.rate_noise or 0.0) * batch for k, o in obs.items()},
+                wall_tokens_per_s=walls[str(domain)],
+            )
         self.echo(format_tuning_table(batch, self.grid, domains))
-        return {
-            "batch": batch,
-            "domains": domains,
-            "observations": [asdict(o) for o in observations],
-        }
+        return BatchTuning(batch=batch, domains=domains, observations=observations)
 
 
-def format_tuning_table(batch: int, grid: list[int], domains: dict[str, Any]) -> str:
+def format_tuning_table(batch: int, grid: list[int], domains: dict[str, DomainTuning]) -> str:
     head = ["domain", "alpha", *(f"K={k}" for k in grid), "chosen"]
     rows = []
     for domain, d in domains.items():
-        alpha = "-" if d["alpha"] is None else f"{d['alpha']:.2f}±{d['alpha_std']:.2f}"
-        noise = d["noise_tokens_per_s"]
-        rates = [f"{d['tokens_per_s'][k]:.1f}±{noise[k]:.1f}" for k in grid]
-        rows.append([domain, alpha, *rates, str(d["chosen_k"])])
+        alpha = "-" if d.alpha is None else f"{d.alpha:.2f}±{d.alpha_std or 0.0:.2f}"
+        noise = d.noise_tokens_per_s
+        rates = [f"{d.tokens_per_s[k]:.1f}±{noise[k]:.1f}" for k in grid]
+        rows.append([domain, alpha, *rates, str(d.chosen_k)])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
 
     def fmt(cells: list[str]) -> str:

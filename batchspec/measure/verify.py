@@ -23,17 +23,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from batchspec.engines import open_engine
+from batchspec.engines import ListSource, open_engine
 from batchspec.engines.vllm_args import on_cpu
 from batchspec.errors import UserError
 from batchspec.io.checks import preflight
 from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
+from batchspec.measure.tune import sample_units
+from batchspec.measure.verify_checks import greedy_check, sampled_check
 from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
+from batchspec.spec_tree import VLLM
 from batchspec.speculation.route import route_job
-from batchspec.speculation.tune import ListSource, sample_units
-from batchspec.speculation.verify_checks import greedy_check, sampled_check
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 
 CPU_COPY_BLOCK = 32
@@ -179,7 +180,7 @@ def verify_greedy(
 
 def verify_sampled(runner: _Runner, samples: int, tokens: int, alpha: float) -> dict[str, Any]:
     spec = _with(runner.spec, "sampling", max_tokens=tokens)
-    vllm = spec.speculative.engine == "vllm"
+    vllm = spec.speculative.engine == VLLM
     if vllm and on_cpu() and "block_size" not in spec.model.engine_kwargs:
         spec = _with(
             spec, "model", engine_kwargs={**spec.model.engine_kwargs, "block_size": CPU_COPY_BLOCK}

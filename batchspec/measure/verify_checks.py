@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from batchspec.speculation.verify_stats import detectable_tv, holm, two_sample_test
+from batchspec.measure.verify_stats import detectable_tv, holm, two_sample_test
 from batchspec.units import RowResult
 
 END = -1
