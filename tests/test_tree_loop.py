@@ -38,6 +38,16 @@ TINY = {
 }  # fmt: skip
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Matrices of a few dozen rows: a second thread only waits (the suite runs a test file
+    per core)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def nxt(token: int) -> int:
     """The cycle model's next token: round a cycle of six (0..5, 6..11, ...)."""
     return token - token % CYCLE + (token + 1) % CYCLE
