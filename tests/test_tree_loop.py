@@ -1,12 +1,13 @@
-"""The tree engine's loop (``engines.tree.engine``) on small models of the test's own, in
-milliseconds: where a row ends when the tree accepts several tokens in one step, what the
+"""The tree engine's loop (``engines.tree.engine``) on small models of the test's own, about a
+second a test: where a row ends when the tree accepts several tokens in one step, what the
 counts then hold, sampling with every tensor on the model's device, and replaying a drafter
 over finished rows.
 
 Two models: a *cycle* model, whose weights make the next token a fixed function of the last
 (tokens run round cycles of six), so that n-gram trees from a prompt that holds the cycle are
-accepted four deep, and an end of row can be put inside an accepted path on purpose; and a
-small random Llama, whose trees are accepted now and then, as real ones are.
+accepted four deep, and an end of row can be put inside an accepted path on purpose (with
+louder random layers, trees are accepted in part, as real ones are); and a small random Llama
+for sampling, with realistic logits.
 """
 
 from __future__ import annotations
