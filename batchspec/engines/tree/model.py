@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import LlamaConfig
 
 from batchspec.engines.tree.cache import KVCache, Step
@@ -72,6 +73,14 @@ class TreeModel:
         self.max_batch, self.max_len = max_batch, max_len
         self.vocab_size = cfg.vocab_size
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
+        # On CUDA, PyTorch's default SDPA choice for a boolean mask is cuDNN, which builds a new
+        # plan for every KV length: 1.2 ms of CPU per call, 50 ms a step for a 7B shape on an
+        # H200 against 13.7 ms with memory-efficient attention (2026-11-30, B=1..8, N=1..16).
+        self._sdpa_backends = (
+            None
+            if str(device).startswith("cpu")
+            else [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+        )
         self.eps = cfg.rms_norm_eps
         self.rope = rope_tables(cfg, max_len, self.dtype, device)
         self.cache = KVCache(
@@ -328,6 +337,10 @@ class TreeModel:
         keys, values = self.cache.read(index, step)
         q = q.reshape(b, n, kv_heads, self.group, hd).permute(0, 2, 3, 1, 4)
         q = q.reshape(b, kv_heads, self.group * n, hd)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        if self._sdpa_backends is None:
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        else:
+            with sdpa_kernel(self._sdpa_backends):
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         o = o.view(b, kv_heads, self.group, n, hd).permute(0, 3, 1, 2, 4)
         return o.reshape(b, n, heads * hd)
