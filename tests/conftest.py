@@ -77,6 +77,7 @@ LONGEST_FIRST = [
     "test_crash.py",
     "test_e2e.py",
     "test_workers.py",
+    "test_orphans.py",
     "test_verify.py",
     "test_adaptive.py",
     "test_tune.py",

@@ -73,3 +73,11 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full
     assert result.returncode == 0, result.stderr[-3000:]
     check_output(out, ids)
     assert not list((out / "leases").glob("*.lease"))
+    # Quiet and clean: nothing but batchspec's lines on the terminal; in the engines' output
+    # (runs/<worker>.log), no engine closed by its worker (the SIGTERM run's, this one's)
+    # force-killed, no shared memory or semaphore left behind.
+    assert result.stderr == "", result.stderr[-3000:]
+    for worker in (log["worker"], run_logs(out)[-1]["worker"]):
+        text = (out / "runs" / f"{worker}.log").read_text()
+        for noise in ("force killing", "leaked semaphore", "leaked shared_memory"):
+            assert noise not in text, f"{worker}.log: {noise}"

@@ -18,7 +18,14 @@ import uuid
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.work.live import LiveProgress
-from batchspec.work.runlog import RUN_ID_ENV, WORKER_ENV, RunStats, run_id, sum_runs
+from batchspec.work.runlog import (
+    LAUNCHER_ENV,
+    RUN_ID_ENV,
+    WORKER_ENV,
+    RunStats,
+    run_id,
+    sum_runs,
+)
 
 
 def visible_gpus() -> list[str]:
@@ -70,7 +77,8 @@ def cpu_slices(workers: int, tp: int, cpus: list[int]) -> list[str | None]:
 
 
 def _worker_env(i: int, run: str, gpus: str | None, cpus: str | None) -> dict[str, str]:
-    env = dict(os.environ, **{RUN_ID_ENV: run, WORKER_ENV: str(i)})
+    # The workers die with the launcher (``runlog.bind_to_launcher``).
+    env = dict(os.environ, **{RUN_ID_ENV: run, WORKER_ENV: str(i), LAUNCHER_ENV: str(os.getpid())})
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     if cpus is not None:

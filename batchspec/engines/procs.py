@@ -7,18 +7,41 @@ the worker was told to finish. So the engine's processes start with SIGINT and S
 (a blocked signal stays pending; the mask survives fork and exec, and vLLM only installs
 handlers): the worker alone decides when its engine stops, and still kills it outright
 (SIGKILL, which cannot be blocked) when it must.
+
+Two ends of an engine's life follow from that. Closing: the worker sends ``CLOSE_SIGNAL``,
+on which an engine process unblocks SIGINT and SIGTERM, so that vLLM's own shutdown (SIGTERM,
+then its handler: the busy loop ends, the executor's workers and shared memory are released)
+runs instead of a kill after its grace period. Dying: an engine process dies with the process
+that started it (``PR_SET_PDEATHSIG``), since a worker killed outright (the OOM killer, ``kill
+-9``) can stop nothing, and its engine would poll on, holding the GPU's memory, with SIGTERM
+blocked. ``vllm_fixes.register`` arms both in every engine process of a worker's engine.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
+import gc
+import multiprocessing
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from types import FrameType
 
 import psutil
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+CLOSE_SIGNAL = signal.SIGUSR2
+"""Sent by the worker to its engine's processes when it closes the engine (neither vLLM nor
+torch uses it)."""
+ENGINE_ENV = "BATCHSPEC_ENGINE"
+"""Set by a worker to its pid before it starts an engine: the processes vLLM starts then are
+a batchspec engine's (vLLM run by anything else, e.g. a benchmark against bare vLLM, is left
+alone), and the one the worker started itself is the engine core."""
+PR_SET_PDEATHSIG = 1
 
 
 @contextlib.contextmanager
@@ -61,8 +84,99 @@ def kill_tree(procs: list[psutil.Process]) -> None:
             proc.send_signal(signal.SIGKILL)
 
 
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent ``parent`` dies, or now if it already has.
+
+    The kernel sends the signal when the thread that started this process exits: a worker
+    starts its engine (and the launcher its workers) from its main thread, which lives as
+    long as the process. A parent that died before the call has already handed this process
+    to another (``getppid`` changed), and no signal would ever come. Linux only.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm_engine_process() -> None:
+    """In a process that vLLM started for a worker's engine: die with the process that
+    started it, and let ``CLOSE_SIGNAL`` open the way for vLLM's own shutdown.
+
+    vLLM starts its engine core and its model's workers with ``multiprocessing`` (spawn), so
+    the process that started this one is ``multiprocessing.parent_process()``, known from the
+    start (the other processes vLLM runs, e.g. to inspect a model class, are waited for).
+    """
+    global _engine_core
+    parent = multiprocessing.parent_process()
+    worker = os.environ.get(ENGINE_ENV)
+    if not worker or parent is None or parent.pid is None:
+        return
+    die_with_parent(parent.pid)
+    _engine_core = str(parent.pid) == worker
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(CLOSE_SIGNAL, _on_close_signal)
+    atexit.register(_leave_to_exit)
+
+
+_engine_core = False
+"""Whether this engine process is the one the worker started (vLLM's engine core)."""
+_closing = False
+"""Whether this engine process was asked to close (``CLOSE_SIGNAL``)."""
+
+
+def _on_close_signal(_signum: int, _frame: FrameType | None) -> None:
+    """``CLOSE_SIGNAL``'s handler. In the engine core: a SIGTERM pending (a stop signal to the
+    whole group) or to come (vLLM's shutdown) now reaches vLLM's handler, and the request
+    goes on to its own processes, the model's workers. Those only take note: the engine
+    core's shutdown stops them through their pipes, and a pending SIGTERM let through there
+    would end one in the middle of that, leaking its shared memory (seen here once)."""
+    global _closing
+    _closing = True
+    if _engine_core:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        ask_to_close(psutil.Process().children())
+
+
+def _leave_to_exit() -> None:
+    """At the exit of an engine process that was asked to close, after vLLM's shutdown: what
+    is left is reclaimed by the exit, so the interpreter's final garbage collection is spared
+    the scan of it (vLLM does the same on ROCm). It scanned the ~600k objects vLLM imports for
+    1.5-2.4 s per process here, and closing an engine waits for two exits in a row (the
+    engine core waits for its model's workers). Not on other exits (a failed start): what
+    the process prints there is what its log is read for."""
+    if not _closing:
+        return
+    gc.freeze()
+    print(
+        "batchspec: engine process closing; its objects are left to the exit (gc.freeze), "
+        "which bindings that count objects at exit (nanobind) may report as leaked",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def ask_to_close(procs: list[psutil.Process]) -> bool:
+    """Send ``CLOSE_SIGNAL`` to those of ``procs`` that handle it (an engine process that
+    has not armed it would die of it: its default action); whether any did."""
+    asked = False
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            if _signal_set(proc, "SigCgt") >> (CLOSE_SIGNAL - 1) & 1:
+                proc.send_signal(CLOSE_SIGNAL)
+                asked = True
+    return asked
+
+
+def _signal_set(proc: psutil.Process, field: str) -> int:
+    """A signal set of ``proc`` from Linux's /proc (``SigBlk``, ``SigCgt``...), as a bit mask."""
+    with open(f"/proc/{proc.pid}/status") as fh:
+        return next(int(line.split()[1], 16) for line in fh if line.startswith(f"{field}:"))
+
+
 def blocks_stop_signals(proc: psutil.Process) -> bool:
     """Whether SIGINT and SIGTERM are blocked in ``proc`` (Linux /proc; for tests and checks)."""
-    with open(f"/proc/{proc.pid}/status") as fh:
-        mask = next(int(line.split()[1], 16) for line in fh if line.startswith("SigBlk:"))
+    mask = _signal_set(proc, "SigBlk")
     return all(mask >> (s - 1) & 1 for s in STOP_SIGNALS)

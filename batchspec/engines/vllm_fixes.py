@@ -1,6 +1,7 @@
 """Fixes for vLLM bugs that break batchspec's promises, loaded by vLLM itself in every engine
 process through its ``vllm.general_plugins`` entry point (see pyproject.toml), so they reach
-the engine core wherever it runs.
+the engine core wherever it runs. The same hook binds a worker's engine processes to it
+(``engines.procs.arm_engine_process``: they die with it, and close when it asks).
 
 vLLM 0.32's CPU build samples speculatively with the wrong target distribution. Its CPU
 stand-in for the Triton ``expand_kernel`` (``vllm.utils.cpu_triton_utils._expand_kernel_impl``)
@@ -32,10 +33,14 @@ def expand_batch_to_tokens(
 
 
 def register() -> None:
-    """vLLM plugin hook: on the CPU platform, route the rejection sampler's expansion through
-    :func:`expand_batch_to_tokens`. GPU builds keep their Triton kernel."""
+    """vLLM plugin hook: in a worker's engine processes, die with the worker and close on its
+    request; on the CPU platform, route the rejection sampler's expansion through
+    :func:`expand_batch_to_tokens` (GPU builds keep their Triton kernel)."""
     from vllm.platforms import current_platform
 
+    from batchspec.engines.procs import arm_engine_process
+
+    arm_engine_process()
     if not current_platform.is_cpu():
         return
     from vllm.v1.sample import rejection_sampler

@@ -13,7 +13,8 @@ for a path rather than joining names of its own::
       job.json        the job spec of the latest run (export's dataset card, input order)
       failed/         units given up after repeated engine failures (<unit_id>.json)
       history/        earlier versions of parts replaced by --retry-errors
-      runs/           one JSON log per worker invocation
+      runs/           one JSON log per worker invocation, and its engines' output
+                      (<worker>.log: vLLM's and the libraries' logs, warnings)
       stats/          per-unit measurements shared by the workers' K controllers (<worker>.jsonl)
       tuning.json     batchspec tune's measurements
       slurm/          sbatch scripts, submitted job ids (jobs.jsonl), one log per array task
@@ -143,6 +144,10 @@ class OutDir:
     @property
     def runs(self) -> Path:
         return self.root / "runs"
+
+    def engine_log(self, worker: str) -> Path:
+        """What a worker's engines printed (``engines.quiet``): kept off the terminal."""
+        return self.runs / f"{worker}.log"
 
     @property
     def stats(self) -> Path:

@@ -103,8 +103,9 @@ class LiveProgress:
         self.legacy = max(self.legacy - self._others.rows_committed, 0)
         if self.mode == "bar":
             fmt = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows{postfix}"
-            self._bar = tqdm(total=self.rows_total, bar_format=fmt, dynamic_ncols=True)
-            self._line = tqdm(total=0, bar_format="{desc}", position=1, leave=False)
+            bar = {"file": self.stream, "dynamic_ncols": True}
+            self._bar = tqdm(total=self.rows_total, bar_format=fmt, **bar)
+            self._line = tqdm(total=0, bar_format="{desc}", position=1, leave=False, **bar)
             self._bar.set_description_str("generating")
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self._thread.start()

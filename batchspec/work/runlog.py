@@ -16,11 +16,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchspec.engines.procs import die_with_parent
 from batchspec.io.layout import OutDir, temp_name
 from batchspec.spec import JobSpec
 
 RUN_ID_ENV = "BATCHSPEC_RUN_ID"
 WORKER_ENV = "BATCHSPEC_WORKER_INDEX"
+LAUNCHER_ENV = "BATCHSPEC_LAUNCHER_PID"
+"""Set by the ``--workers N`` launcher for its workers: its pid."""
 
 _SUMMED = (
     "units_committed",
@@ -56,6 +59,15 @@ def worker_name() -> str:
     if os.environ.get(WORKER_ENV):
         parts.append(f"w{os.environ[WORKER_ENV]}")
     return "-".join(parts)
+
+
+def bind_to_launcher() -> None:
+    """A worker of the ``--workers N`` launcher dies with it (its engine then dies with the
+    worker): a launcher killed outright would otherwise leave its workers running unseen.
+    Taken out of the environment, so that nothing this worker starts inherits it."""
+    launcher = os.environ.pop(LAUNCHER_ENV, None)
+    if launcher:
+        die_with_parent(int(launcher))
 
 
 @dataclass

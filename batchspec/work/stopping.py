@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 import psutil
 
 from batchspec.engines.procs import kill_tree
+from batchspec.engines.quiet import terminal
 
 REPEAT_S = 1.0
 """A signal within this long of the first is the same stop: a signal to the whole process group
@@ -47,7 +47,7 @@ class StopFlag:
             print(
                 f"batchspec: {signal.Signals(signum).name}: finishing the units in flight "
                 f"(up to {self.grace_s:g} s); signal again to quit at once",
-                file=sys.stderr,
+                file=terminal(),
                 flush=True,
             )
         elif now - self._first >= REPEAT_S:
@@ -56,7 +56,7 @@ class StopFlag:
     @staticmethod
     def quit_now(signum: int) -> None:
         """Kill this process's children (the engine) and exit, skipping every cleanup."""
-        print("batchspec: second signal: quitting now", file=sys.stderr, flush=True)
+        print("batchspec: second signal: quitting now", file=terminal(), flush=True)
         kill_tree(psutil.Process().children())
         os._exit(128 + signum)
 

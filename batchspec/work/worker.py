@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
+from typing import TextIO
 
 from batchspec.engines import Engine, EngineFailure, open_engine
+from batchspec.engines.quiet import EngineStartError, engine_output, log_size
+from batchspec.errors import UserError
 from batchspec.io.checks import Preflight, preflight
 from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
@@ -32,6 +36,7 @@ from batchspec.work.live import LiveProgress
 from batchspec.work.progress import ProgressLog
 from batchspec.work.runlog import (
     RunStats,
+    bind_to_launcher,
     run_id,
     worker_name,
     write_job_record,
@@ -76,11 +81,13 @@ class Worker:
         )
         """Rows committed when this worker started (those no progress record counts)."""
 
-    def run(self, progress: str = "off", log_every: float = 30.0) -> None:
+    def run(
+        self, progress: str = "off", log_every: float = 30.0, stream: TextIO | None = None
+    ) -> None:
         """Run to the end; ``progress``: ``bar``, ``log`` (a line every ``log_every`` s) or
-        ``off`` (``LiveProgress``)."""
+        ``off`` (``LiveProgress``), shown on ``stream`` (default stderr)."""
         live = LiveProgress(
-            self.record, self.out, self.rows_total, self.rows_before, progress, log_every
+            self.record, self.out, self.rows_total, self.rows_before, progress, log_every, stream
         )
         live.start()
         self.leases.start()
@@ -186,7 +193,15 @@ class Worker:
         return record.get("failure")
 
     def _build(self, k: int) -> Engine:
-        engine = open_engine(self.spec, k)
+        since = log_size()
+        try:
+            engine = open_engine(self.spec, k)
+        except UserError:
+            raise
+        except Exception as exc:  # its cause is in the engine's output
+            error = EngineStartError(exc, since)
+            traceback.print_exc()  # into the log (on the terminal when verbose)
+            raise error from exc
         self.scheduler.policy.measured_start(engine.build_s)
         self.stats.engine_build_s += engine.build_s
         self.stats.engine_builds += 1
@@ -278,8 +293,10 @@ def run_job(
 ) -> RunStats:
     """Run one worker over the job: generate every unit that has no part and that it can claim
     (and, with ``retry_errors``, the error rows of committed units). ``progress``: True for a
-    bar on a terminal and a line every ``log_every`` s elsewhere, or a ``LiveProgress`` mode."""
+    bar on a terminal and a line every ``log_every`` s elsewhere, or a ``LiveProgress`` mode.
+    What the engines print goes to the worker's log under ``runs/`` (``engines.quiet``)."""
     started = time.perf_counter()
+    bind_to_launcher()
     pre, todo, error_rows = prepare_run(spec, limit, retry_errors)
     stats = RunStats(
         str(spec.output_dir),
@@ -295,7 +312,8 @@ def run_job(
     try:
         mode = LiveProgress.mode_for(progress) if isinstance(progress, bool) else progress
         routed = route_job(spec, OutDir(spec.output_dir))
-        Worker(routed, pre, todo, error_rows, stats).run(mode, log_every)
+        with engine_output(OutDir(spec.output_dir).engine_log(stats.worker)) as terminal:
+            Worker(routed, pre, todo, error_rows, stats).run(mode, log_every, terminal)
     finally:
         stats.wall_s = time.perf_counter() - started
         write_run_log(OutDir(spec.output_dir), stats)
