@@ -13,6 +13,7 @@ from conftest import job_dict, run_cli, write_job
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
+from batchspec.spec import JobSpec
 from batchspec.spec_file import load_spec
 from batchspec.spec_tree import AUTO, ENGINES, TREE, VLLM, EngineChoice, EngineName, engines_of
 from batchspec.speculation.estimator import Observation
@@ -113,6 +114,31 @@ def test_an_auto_job_runs_on_the_engine_its_tuning_file_routes_it_to(tmp_path: P
     # An engine of its own needs no tuning file, and the routed spec is the job's otherwise.
     assert route_job(with_engine(spec, "vllm"), out).speculative.engine == "vllm"
     assert with_engine(spec, "tree").content_hash() == spec.content_hash()
+
+
+def test_a_run_routes_once_and_its_worker_gets_the_routed_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``check_run`` routes; ``run_job`` hands that spec to its worker (no second route, no
+    second read of the tuning file). The worker is a stand-in: no engine starts."""
+    from batchspec.work import worker
+
+    job = auto_job(tmp_path)
+    routed_tuning(job, {"vllm": 8, "tree": 8}, {8: "tree"})
+    calls, given = [], []
+    real = worker.route_job
+    monkeypatch.setattr(worker, "route_job", lambda *a: calls.append(a) or real(*a))
+
+    class Stand:
+        def __init__(self, spec: JobSpec, *_: object) -> None:
+            given.append(spec)
+
+        def run(self, *_: object) -> None:
+            return None
+
+    monkeypatch.setattr(worker, "Worker", Stand)
+    worker.run_job(load_spec(job), limit=8, progress=False)
+    assert len(calls) == 1 and [s.speculative.engine for s in given] == ["tree"]
 
 
 def test_a_tuning_file_of_one_engine_does_not_serve_another(tmp_path: Path) -> None:

@@ -156,7 +156,7 @@ def slurm_submit(
         return
     slurm_cmd("sbatch")  # no Slurm here: refused before the output directory is touched
     # Everything checked and the output directory bound before anything is queued.
-    _, todo, _ = prepare_run(spec, limit)
+    _, todo, _, _ = prepare_run(spec, limit)
     if not todo:
         click.echo(f"nothing to do: every unit of {out} is committed; not submitted")
         return

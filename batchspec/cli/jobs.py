@@ -112,7 +112,7 @@ def _run_workers(
     from batchspec.work.runlog import RunStats, run_id, worker_name
     from batchspec.work.worker import prepare_run
 
-    pre, todo, _ = prepare_run(spec, limit, retry_errors)
+    pre, todo, _, _ = prepare_run(spec, limit, retry_errors)
     if not todo:
         stats = RunStats(str(spec.output_dir), run_id(), worker_name(), len(pre.units))
         stats.units_skipped = len(pre.units)
@@ -152,21 +152,20 @@ def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
     from batchspec.work.worker import check_run
 
     spec = load_job(job, overrides, None)
-    pre, _ = check_run(spec, limit)  # what a run checks first, nothing written
+    pre, _, routed = check_run(spec, limit)  # what a run checks first, nothing written
     click.echo(f"spec: ok ({job}, hash {spec.content_hash()})")
     click.echo(f"input: {len(pre.files)} file(s), {pre.num_rows} rows, {len(pre.units)} units")
     domains = ", ".join(f"{d}={n}" for d, n in sorted(pre.domains().items(), key=str))
     click.echo(f"domains: {domains}")
     click.echo(f"model: {pre.target_dir}")
-    click.echo(f"engine: {_engine_line(spec, pre)}")
+    click.echo(f"engine: {_engine_line(spec, pre, routed)}")
     click.echo(f"output: {spec.output_dir}")
 
 
-def _engine_line(spec: JobSpec, pre: Preflight) -> str:
-    """Which engine serves the job, with what: ``validate``'s answer."""
-    from batchspec.io.layout import OutDir
+def _engine_line(spec: JobSpec, pre: Preflight, routed: JobSpec) -> str:
+    """Which engine serves the job (``routed``: on the engine ``check_run`` routed it to),
+    with what: ``validate``'s answer."""
     from batchspec.spec_tree import AUTO, TREE, VLLM
-    from batchspec.speculation.route import route_job
 
     s = spec.speculative
     if s.method == "none":
@@ -182,8 +181,8 @@ def _engine_line(spec: JobSpec, pre: Preflight) -> str:
     chains = f"vLLM, {s.method} chains, K={s.num_speculative_tokens}{draft}"
     if s.engine != AUTO:
         return tree if s.engine == TREE else chains
-    routed = route_job(spec, OutDir(spec.output_dir)).speculative.engine  # checked: routed
-    how = f"{routed}, as batchspec tune measured at batch {spec.model.max_num_seqs}"
+    how = f"{routed.speculative.engine}, as batchspec tune measured at batch "
+    how += str(spec.model.max_num_seqs)
     return f"auto: the faster of {tree}, and {chains}; now {how}"
 
 

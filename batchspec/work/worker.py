@@ -254,25 +254,27 @@ class Worker:
         return tokens
 
 
-def check_run(spec: JobSpec, limit: int | None) -> tuple[Preflight, Manifest]:
+def check_run(spec: JobSpec, limit: int | None) -> tuple[Preflight, Manifest, JobSpec]:
     """Everything a run checks before it writes anything; ``validate`` and ``slurm submit
-    --dry-run`` run it too, so what they pass a run accepts. Returns the preflight and the
-    manifest the run binds the output directory to."""
+    --dry-run`` run it too, so what they pass a run accepts. Returns the preflight, the
+    manifest the run binds the output directory to, and the job on the engine it runs on
+    (``route_job``: routed here, once)."""
     pre = preflight(spec, limit)
     out = OutDir(spec.output_dir)
     job_tuning(spec, out)  # a tuning file of another job: refused before any worker starts
-    route_job(spec, out)  # engine auto without a route for this batch size: refused too
+    routed = route_job(spec, out)  # engine auto without a route for this batch size: refused
     manifest = make_manifest(spec, pre.files, limit, pre.units)
     check_bound(out, manifest)  # a directory bound to another spec, input or --limit
-    return pre, manifest
+    return pre, manifest, routed
 
 
 def prepare_run(
     spec: JobSpec, limit: int | None, retry_errors: bool = False
-) -> tuple[Preflight, list[WorkUnit], set[str]]:
+) -> tuple[Preflight, list[WorkUnit], set[str], JobSpec]:
     """Check everything, bind the output directory to this run, and list the work left:
-    uncommitted units, plus (``retry_errors``) committed units that hold error rows."""
-    pre, manifest = check_run(spec, limit)
+    uncommitted units, plus (``retry_errors``) committed units that hold error rows; and the
+    job on the engine it runs on (``check_run``)."""
+    pre, manifest, routed = check_run(spec, limit)
     out = OutDir(spec.output_dir)
     claim_output_dir(out, manifest)
     clean_stale_temps(out, spec.execution.lease_timeout_s)
@@ -281,7 +283,7 @@ def prepare_run(
     todo = [u for u in pre.units if u.unit_id not in done or u.unit_id in errors]
     write_job_record(out, spec, pre.files, limit)
     pre.reader.stage(out, todo)  # input files with large row groups, once per output dir
-    return pre, todo, errors
+    return pre, todo, errors, routed
 
 
 def run_job(
@@ -297,7 +299,7 @@ def run_job(
     What the engines print goes to the worker's log under ``runs/`` (``engines.quiet``)."""
     started = time.perf_counter()
     bind_to_launcher()
-    pre, todo, error_rows = prepare_run(spec, limit, retry_errors)
+    pre, todo, error_rows, routed = prepare_run(spec, limit, retry_errors)
     stats = RunStats(
         str(spec.output_dir),
         run_id(),
@@ -311,7 +313,6 @@ def run_job(
         return stats
     try:
         mode = LiveProgress.mode_for(progress) if isinstance(progress, bool) else progress
-        routed = route_job(spec, OutDir(spec.output_dir))
         with engine_output(OutDir(spec.output_dir).engine_log(stats.worker)) as terminal:
             Worker(routed, pre, todo, error_rows, stats).run(mode, log_every, terminal)
     finally:
