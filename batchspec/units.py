@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchspec.spec_tree import EngineName
 
 
 @dataclass(frozen=True)
@@ -69,18 +73,82 @@ class UnitRequests:
     an engine that does not count them shows tokens as units commit)."""
 
 
+@dataclass(frozen=True)
+class SpecStats:
+    """A row's speculative counts, as every engine reports them: the one typed record the
+    writer, the K model, live progress and ``verify`` read (by attribute; vLLM's key names are
+    known only to ``from_vllm``).
+
+    ``steps`` counts verify steps that checked at least one draft token, ``drafted`` the draft
+    tokens verified (tree engine: tree nodes), ``accepted`` those accepted, ``histogram`` the
+    steps by accepted count (index 0..K; tree engine: by accepted depth). The per-step tuples
+    list each step's drafted and accepted tokens where the engine records them (vLLM's
+    ``detailed`` metrics with at least one step, the tree engine always); None otherwise.
+    """
+
+    steps: int
+    drafted: int
+    accepted: int
+    histogram: tuple[int, ...]
+    per_step_drafted: tuple[int, ...] | None = None
+    per_step_accepted: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_vllm(cls, metrics: Mapping[str, Any]) -> SpecStats:
+        """From vLLM's per-request metrics as ``RequestSpecDecodeMetrics.to_dict()`` gives them
+        (the response payload: steadier than its fields). Its ``summary`` form has no per-step
+        lists, and its ``detailed`` form leaves them out until a step drafted: both read as
+        None then."""
+        drafted, accepted = metrics.get("per_step_drafted"), metrics.get("per_step_accepted")
+        steps_known = drafted is not None and accepted is not None
+        return cls(
+            steps=metrics["num_spec_steps"],
+            drafted=metrics["num_draft_tokens"],
+            accepted=metrics["num_accepted_draft_tokens"],
+            histogram=tuple(metrics["acceptance_histogram"]),
+            per_step_drafted=tuple(drafted) if steps_known else None,
+            per_step_accepted=tuple(accepted) if steps_known else None,
+        )
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted over drafted tokens; None when nothing was drafted (not a made-up 0)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens per verify step, the bonus token included; None without a step."""
+        return 1.0 + self.accepted / self.steps if self.steps else None
+
+
 @dataclass
 class RowResult:
-    """What the engine produced for one row; ``error`` set means nothing was generated."""
+    """What the engine produced for one row; ``error`` set means nothing was generated.
+
+    Designed for what comes next; each field below joins ``RESULT_FIELDS`` (``io/writer.py``)
+    when an engine fills it, never as an always-null column, and parts written before it read
+    it as nulls (``observe/scan.py`` ``conform``):
+
+    - ``sample_index: int`` (output column ``sample_index``, int32): which of a prompt's n
+      samples the row is, 0 for n=1. It joins the row's identity: export's id check and its
+      input order compare (id, sample_index), and a unit's part holds its rows' samples in
+      order (row by row, sample by sample).
+    - ``replayed_accepted: list[int]`` (``replayed_accepted``, list<int32>): per K of a grid,
+      the draft tokens a drafter replayed over the finished row would have had accepted;
+      the grid itself is recorded once per run (the manifest), not per row. A field of
+      ``SpecStats`` if the engine replays as it runs, of the row otherwise.
+    - ``top_logprobs`` (below), written as ``logprobs``: list<list<struct<token_id: int32,
+      logprob: float32>>>, per generated position the target's top tokens with the chosen
+      one's; null unless the job asks for logprobs.
+    """
 
     request: RowRequest
     text: str | None = None
     num_prompt_tokens: int | None = None
     num_output_tokens: int | None = None
     finish_reason: str | None = None
-    spec: dict[str, Any] | None = None
-    """Per-request speculative metrics, vLLM's names (``RequestSpecDecodeMetrics.to_dict``):
-    num_spec_steps, num_draft_tokens, num_accepted_draft_tokens, acceptance_histogram."""
+    spec: SpecStats | None = None
+    """Speculative counts; None when the engine ran without speculation."""
     timing: dict[str, float] | None = None
     """Engine timestamps of one monotonic clock: queued, scheduled, first_token, last_token."""
     error: str | None = None
@@ -100,12 +168,16 @@ class RowResult:
 
 @dataclass
 class UnitResult:
-    """Every row of a unit, back from an engine that ran it with ``method`` at K = ``k``."""
+    """Every row of a unit, back from engine ``engine`` that ran it with ``method`` at K = ``k``.
+
+    ``engine`` (one of ``spec_tree.ENGINES``) is recorded in every row an engine saw, since
+    with ``engine: auto`` a rerun may switch engines; None only where no engine is known."""
 
     unit_requests: UnitRequests
     results: list[RowResult]
     k: int
     method: str
+    engine: EngineName | None
 
     @property
     def unit(self) -> WorkUnit:

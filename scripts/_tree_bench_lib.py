@@ -18,7 +18,7 @@ from batchspec.measure.verify import build_requests, pick_rows, run_rows
 from batchspec.measure.verify_checks import DRIFT_FACTOR, compare_greedy, drift
 from batchspec.spec import JobSpec
 from batchspec.spec_tree import TreeSpec
-from batchspec.units import RowRequest, RowResult
+from batchspec.units import RowRequest, RowResult, SpecStats
 
 
 @dataclass
@@ -116,9 +116,9 @@ def copy_bandwidth() -> float:
 def per_step(results: list[RowResult], domain: str | None = None) -> float:
     """Mean tokens a verify step yields: 1 + accepted drafts / steps that verified drafts
     (the bonus token plus the accepted path), over the rows of ``domain`` (None: all)."""
-    rows = [r for r in results if r.spec and (domain is None or str(r.request.domain) == domain)]
-    steps = sum(r.spec["num_spec_steps"] for r in rows)
-    accepted = sum(r.spec["num_accepted_draft_tokens"] for r in rows)
+    specs = [r.spec for r in results if domain is None or str(r.request.domain) == domain]
+    steps = sum(s.steps for s in specs if s)
+    accepted = sum(s.accepted for s in specs if s)
     return 1 + accepted / steps if steps else float("nan")
 
 
@@ -129,16 +129,24 @@ def replay(
     k: int,
     shape: dict[str, Any],
     lookup: tuple[int, int],
-) -> tuple[int, int]:
-    """(verify steps with drafts, accepted drafts) the tree engine makes on a greedy row whose
-    output is ``out``, without the model: the n-gram drafter driven over the row as the engine
-    drives it (``engines.tree.drafting.replay``; exact for greedy rows, whose target choices are
-    ``out`` itself, T1's identity)."""
+) -> SpecStats:
+    """The speculative counts the tree engine makes on a greedy row whose output is ``out``,
+    without the model: the n-gram drafter driven over the row as the engine drives it
+    (``engines.tree.drafting.replay``; exact for greedy rows, whose target choices are ``out``
+    itself, T1's identity). The histogram reaches the deepest accepted path only."""
     from batchspec.engines.tree.drafting import replay as drive
     from batchspec.engines.tree.ngram import NgramDrafter
 
     got = drive(NgramDrafter(*lookup), prompt, out, k, TreeSpec(**shape), max_tokens)
-    return len(got.accepted), sum(got.accepted)
+    deepest = max(got.accepted, default=0)
+    return SpecStats(
+        steps=len(got.accepted),
+        drafted=sum(got.nodes),
+        accepted=sum(got.accepted),
+        histogram=tuple(got.accepted.count(j) for j in range(deepest + 1)),
+        per_step_drafted=tuple(got.depth),
+        per_step_accepted=tuple(got.accepted),
+    )
 
 
 def replay_rows(
@@ -147,17 +155,15 @@ def replay_rows(
     """The reference rows with the speculative counts ``replay`` gives them at K and shape."""
     out = []
     for r in ref:
-        steps, accepted = replay(
-            r.request.prompt_token_ids or [], r.token_ids or [], max_tokens, k, shape, lookup
-        )
-        spec = {"num_spec_steps": steps, "num_accepted_draft_tokens": accepted}
+        prompt = r.request.prompt_token_ids or []
+        spec = replay(prompt, r.token_ids or [], max_tokens, k, shape, lookup)
         out.append(replace(r, spec=spec))
     return out
 
 
 def counts(r: RowResult) -> tuple[int, int] | None:
     """A row's (verify steps with drafts, accepted drafts)."""
-    return (r.spec["num_spec_steps"], r.spec["num_accepted_draft_tokens"]) if r.spec else None
+    return (r.spec.steps, r.spec.accepted) if r.spec else None
 
 
 def identical(ref: list[RowResult], other: list[RowResult]) -> tuple[int, list[Any]]:

@@ -64,6 +64,7 @@ def block(start: int, n: int, text_bytes: int):
         "num_prompt_tokens": pa.array(rng.integers(10, 500, n, dtype=np.int32)),
         "num_output_tokens": pa.array(out_tok),
         "finish_reason": pa.array(["stop"] * n),
+        "engine": pa.array(["vllm"] * n),
         "spec_method": pa.array(["ngram"] * n),
         "num_speculative_tokens": pa.array(np.full(n, k, dtype=np.int32)),
         "num_spec_steps": pa.array(steps),

@@ -188,8 +188,8 @@ def run(spec: Any, k: int, prompts: list[list[int]]) -> dict[str, Any]:
         "steps": len(steps),
         "ms_per_step": 1e3 * sum(steps) / max(len(steps), 1),
         "tok_s": sum(len(r.token_ids or []) for r in results) / seconds,
-        "drafted": sum(s["num_draft_tokens"] for s in spec_rows),
-        "accepted": sum(s["num_accepted_draft_tokens"] for s in spec_rows),
+        "drafted": sum(s.drafted for s in spec_rows),
+        "accepted": sum(s.accepted for s in spec_rows),
         "build_s": engine.build_s,
     }
 

@@ -100,6 +100,10 @@ def test_bad_rows_become_error_rows(ngram_run) -> None:
     assert good["generated_text"].null_count() == 0
     assert (good["num_output_tokens"] > 0).all()
     assert set(good["finish_reason"]) <= {"stop", "length"}
+    # The engine that made each row; null where the prompt failed before any engine saw it.
+    engines = dict(out.select("id", "engine").iter_rows())
+    assert set(good["engine"]) == {"vllm"} and engines["bad-engine"] == "vllm"
+    assert {engines[i] for i in BAD_ROWS if i != "bad-engine"} == {None}
 
 
 def test_acceptance_invariants(ngram_run) -> None:

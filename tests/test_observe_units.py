@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
@@ -28,7 +29,8 @@ from batchspec.observe import scan
 from batchspec.observe.card import COLUMN_DOCS, type_name
 from batchspec.observe.export import export_dataset
 from batchspec.observe.scan import conform, scan_output, table_of
-from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
+from batchspec.spec_tree import VLLM
+from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult, WorkUnit
 from batchspec.work.leases import Leases
 from batchspec.work.live import LiveProgress
 from batchspec.work.progress import ProgressLog, add_up, read_records
@@ -105,7 +107,7 @@ def row_of(i: int, unit: WorkUnit, text_bytes: int) -> dict:
     base = {"id": f"r{i:05d}", "domain": unit.domain, "unit_id": unit.unit_id}
     if i % 11 == 5:
         return base | {"error": "prompt is empty"}
-    base |= {"generated_text": text(i, text_bytes), "num_output_tokens": 4}
+    base |= {"generated_text": text(i, text_bytes), "num_output_tokens": 4, "engine": "vllm"}
     if i % 5 == 0:
         return base | {"spec_method": "none", "num_speculative_tokens": 0}
     spec = {"spec_method": "ngram", "num_speculative_tokens": 3, "num_accepted_tokens": 0}
@@ -273,39 +275,49 @@ def test_conform_is_the_rule_for_parts_of_other_versions() -> None:
 
 
 def test_parts_written_before_a_column_existed_still_report_and_export(tmp_path: Path) -> None:
-    """An old part without two of today's columns and a newer one with a column unknown today
-    and a wider int, among normal parts: report and export work, nulls where columns were
-    missing, the unknown column left out."""
+    """An old part without three of today's columns (``engine`` among them: parts before
+    batchspec recorded it) and a newer one with a column unknown today, a wider int and rows
+    from the other engine, among normal parts: report and export work, nulls where columns
+    were missing, the unknown column left out."""
     out = synthetic_run(tmp_path)
     parts = out.part_files()
     old, new = pq.read_table(parts[1]), pq.read_table(parts[4])
     assert old.column("acceptance_rate").null_count < len(old)  # nulls below come from the rule
-    pq.write_table(old.drop_columns(["acceptance_rate", "num_speculative_tokens"]), parts[1])
+    assert old.column("engine").null_count < len(old)
+    missing = ["acceptance_rate", "num_speculative_tokens", "engine"]
+    pq.write_table(old.drop_columns(missing), parts[1])
     at = new.schema.get_field_index("num_output_tokens")
     wide = new.column(at).cast(pa.int64())
     new = new.set_column(at, "num_output_tokens", wide).append_column(
-        "engine", pa.array(["tree"] * new.num_rows)
+        "from_the_future", pa.array(["x"] * new.num_rows)
     )
+    ran = pa.array([None if e is None else "tree" for e in new.column("engine").to_pylist()])
+    new = new.set_column(new.schema.get_field_index("engine"), "engine", ran.cast(pa.string()))
     pq.write_table(new, parts[4])
     result = CliRunner().invoke(main, ["report", str(out)])
     assert result.exit_code == 0 and "30 rows committed" in result.stdout, result.output
+    assert "tree,vllm" in result.stdout  # a domain whose rows ran on both engines says so
     for per_scan in (1, 3, 256):  # the old part alone in a batch, and mixed with others
         table = table_of(scan_output(out, per_scan=per_scan))
         assert (table["rows"].sum(), table["errors"].sum()) == (30, 3)
         assert table["output_tokens"].sum() == 4 * 27
         assert table["k_used"].to_list() == [[0, 3]] * 3
+        both = table.filter(pl.col("domain") == new.column("domain")[0].as_py())
+        assert both["engines"].to_list() == [["tree", "vllm"]]
     export_dataset(out, tmp_path / "ds")
     got = exported(tmp_path / "ds")
-    assert "engine" not in got.column_names and got.schema.field("num_output_tokens").type == (
-        pa.int32()
-    )
+    assert "from_the_future" not in got.column_names
+    assert got.schema.field("num_output_tokens").type == pa.int32()
     assert got.column("id").to_pylist() == [f"r{i:05d}" for i in range(30)]
     rows = {r["id"]: r for r in got.to_pylist()}
     for r in old.to_pylist():
         assert rows[r["id"]]["acceptance_rate"] is None is rows[r["id"]]["num_speculative_tokens"]
+        assert rows[r["id"]]["engine"] is None
         assert rows[r["id"]]["generated_text"] == r["generated_text"]
     for r in new.to_pylist():
         assert rows[r["id"]]["acceptance_rate"] == r["acceptance_rate"]
+        assert rows[r["id"]]["engine"] == r["engine"]
+    assert {r["engine"] for r in rows.values()} == {None, "tree", "vllm"}
 
 
 def test_todays_parts_are_scanned_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -334,9 +346,9 @@ def test_a_part_whose_column_will_not_convert_is_named(tmp_path: Path) -> None:
 def unit_result(domain: str, rows: int, k: int = 3) -> UnitResult:
     unit = WorkUnit(0, "in", 0, rows, domain, rows)
     reqs = [RowRequest(i, f"{domain}{i}", domain, {}) for i in range(rows)]
-    spec = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6}
+    spec = SpecStats(steps=4, drafted=12, accepted=6, histogram=(0, 2, 2, 0))
     results = [RowResult(r, "t", 3, 10, "stop", spec) for r in reqs]
-    return UnitResult(UnitRequests(unit, reqs), results, k, "ngram")
+    return UnitResult(UnitRequests(unit, reqs), results, k, "ngram", VLLM)
 
 
 def test_progress_records_add_up_over_workers(tmp_path: Path) -> None:

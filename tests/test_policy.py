@@ -30,20 +30,21 @@ from batchspec.speculation.tuning import (
     tuning_identity,
     write_tuning,
 )
-from batchspec.units import RowRequest, RowResult, WorkUnit
+from batchspec.units import RowRequest, RowResult, SpecStats, WorkUnit
 from batchspec.work.leases import LeaseDir, Leases
 from batchspec.work.scheduler import COUNT_WORKERS_S, Scheduler
 
 # -- α with drafts shorter than K ---------------------------------------------------------
 
 
-def row(spec: dict, tokens: int, running_s: float = 1.0) -> RowResult:
+def row(spec: SpecStats, tokens: int, running_s: float = 1.0) -> RowResult:
     timing = {"queued": 0.0, "scheduled": 0.0, "first_token": 0.1, "last_token": running_s}
     return RowResult(RowRequest(0, "r", "d", {}), "x", 5, tokens, "length", spec, timing)
 
 
-def vllm_metrics(k: int, drafted: list[int], accepted: list[int], detailed: bool) -> dict:
-    """What vLLM 0.32's ``RequestSpecDecodeMetrics.to_dict`` gives for these verify steps."""
+def vllm_metrics(k: int, drafted: list[int], accepted: list[int], detailed: bool) -> SpecStats:
+    """What vLLM 0.32's ``RequestSpecDecodeMetrics.to_dict`` gives for these verify steps, as
+    the vLLM adapter reads it."""
     hist = [0] * (k + 1)
     for a in accepted:
         hist[a] += 1
@@ -55,7 +56,7 @@ def vllm_metrics(k: int, drafted: list[int], accepted: list[int], detailed: bool
     }
     if detailed:
         spec |= {"per_step_accepted": accepted, "per_step_drafted": drafted}
-    return spec
+    return SpecStats.from_vllm(spec)
 
 
 def test_a_short_draft_accepted_in_full_is_not_a_rejection() -> None:
@@ -96,7 +97,7 @@ def test_alpha_of_variable_length_drafts_is_unbiased() -> None:
             accepted.append(j)
         spec = vllm_metrics(k, drafted, accepted, detailed=True)
         ob.add(row(spec, tokens=len(drafted) + sum(accepted)))
-        old_rejections += sum(spec["acceptance_histogram"][:-1])
+        old_rejections += sum(spec.histogram[:-1])
     ctl = Controller(8, [0, k], default_k=k)
     ctl.add(ob)
     model = ctl.domain_model("d")
@@ -270,8 +271,8 @@ def measured(domain: str, k: int, rates: list[float], accepted: int, rejections:
     """A sample of rows of ``domain`` at K decoding at these per-row rates (100 tokens each)."""
     ob = Observation(domain, k, 8, accepted=accepted, rejections=rejections)
     for rate in rates:
-        spec = {"num_accepted_draft_tokens": 0, "num_spec_steps": 0, "num_draft_tokens": 0}
-        ob.add(row(spec | {"acceptance_histogram": [0]}, tokens=100, running_s=100 / rate))
+        spec = SpecStats(steps=0, drafted=0, accepted=0, histogram=(0,))
+        ob.add(row(spec, tokens=100, running_s=100 / rate))
     ob.accepted, ob.rejections, ob.spec_steps, ob.decode_steps = accepted, rejections, 60, 60
     return ob
 

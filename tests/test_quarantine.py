@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from batchspec.spec_tree import VLLM
 from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
 from batchspec.work.quarantine import Quarantine
 
@@ -18,7 +19,7 @@ def unit(name: str, rows: int) -> UnitRequests:
 
 def ran(requests: UnitRequests) -> UnitResult:
     results = [RowResult(r, text=f"out {r.row_id}", num_output_tokens=1) for r in requests.rows]
-    return UnitResult(requests, results, 3, "ngram")
+    return UnitResult(requests, results, 3, "ngram", VLLM)
 
 
 def drive(
@@ -28,7 +29,7 @@ def drive(
     (units completed, units given up, the row ids of every group run)."""
     done, failed, groups = [], [], []
     failed += q.crashed({r.unit.unit_id: r for r in inflight}, "boom")
-    done += q.completed(3, "ngram")
+    done += q.completed(3, "ngram", VLLM)
     while q:
         group = q.next_group()
         assert group is not None and q.next_group() is None  # one group at a time
@@ -36,7 +37,7 @@ def drive(
         groups.append(ids)
         if crashes(ids):
             failed += q.crashed({group.unit.unit_id: group}, "boom")
-            done += q.completed(3, "ngram")
+            done += q.completed(3, "ngram", VLLM)
         else:
             whole = q.finished(ran(group))
             done += [whole] if whole else []
@@ -64,7 +65,8 @@ def test_poison_row_is_bisected_to_an_error_row_and_innocents_complete() -> None
     assert [r.request.row_id for r in whole.results] == [f"b{i}" for i in range(8)]
     errors = [r.request.row_id for r in whole.results if r.error]
     assert errors == ["b5"] and "dies on this row" in whole.results[5].error
-    assert whole.unit_requests.finished == 8 and (whole.k, whole.method) == (3, "ngram")
+    assert whole.unit_requests.finished == 8
+    assert (whole.k, whole.method, whole.engine) == (3, "ngram", VLLM)
     assert q.attempts == {a.unit.unit_id: 1, b.unit.unit_id: 1}  # narrowing crashes are free
 
 
@@ -98,6 +100,7 @@ def test_two_poison_rows_cost_one_attempt_and_both_become_error_rows() -> None:
     done, failed, _ = drive(q, [a], lambda ids: "a0" in ids or "a3" in ids)
     assert failed == []
     assert [r.request.row_id for r in done[0].results if r.error] == ["a0", "a3"]
+    assert done[0].engine == VLLM  # completed by a crash (a3 alone): the crashed engine's name
     assert q.attempts == {a.unit.unit_id: 2}  # the first crash, and a3's half after a0's
 
 

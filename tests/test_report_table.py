@@ -13,7 +13,8 @@ import pytest
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import PartWriter, output_schema
 from batchspec.observe import report
-from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
+from batchspec.spec_tree import VLLM
+from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult, WorkUnit
 
 SCHEMA = output_schema(pa.string(), {})
 TIMING = {"queued": 0.0, "scheduled": 0.5, "first_token": 1.0, "last_token": 3.0}
@@ -35,16 +36,11 @@ def write_parts(out: OutDir, count: int) -> None:
             hist = [rng.randrange(4) for _ in range(k + 1)]
             steps = sum(hist)
             accepted = sum(j * c for j, c in enumerate(hist))
-            spec = {
-                "acceptance_histogram": hist,
-                "num_spec_steps": steps,
-                "num_accepted_draft_tokens": accepted,
-                "num_draft_tokens": steps * k,
-            }
+            spec = SpecStats(steps, steps * k, accepted, tuple(hist))
             n = rng.randrange(1, 50)
             results.append(RowResult(req, "t", 5, n, "stop", spec, TIMING))
         writer.commit(
-            UnitResult(UnitRequests(unit, [r.request for r in results]), results, k, "ngram")
+            UnitResult(UnitRequests(unit, [r.request for r in results]), results, k, "ngram", VLLM)
         )
 
 

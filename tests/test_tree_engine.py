@@ -41,6 +41,7 @@ def test_tree_job_runs_with_the_usual_columns(tmp_path: Path) -> None:
     df = pl.read_parquet(tmp_path / "out" / "parts")
     assert df.height == 6 and df["error"].is_null().all()
     assert set(df["spec_method"]) == {"ngram-tree"} and set(df["num_speculative_tokens"]) == {6}
+    assert set(df["engine"]) == {"tree"}
     for row in df.iter_rows(named=True):
         assert sum(row["acceptance_histogram"]) == row["num_spec_steps"]
         assert row["num_accepted_tokens"] <= row["num_draft_tokens"]

@@ -26,6 +26,7 @@ from batchspec.engines.tree.load import Target, open_drafter
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.weights import convert, llama_config, random_weights
 from batchspec.spec import JobSpec
+from batchspec.spec_tree import TREE
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 
 VOCAB, CYCLE, MAX_LEN = 36, 6, 128
@@ -129,6 +130,7 @@ def run(eng: TreeEngine, rows: list[list[int]], seeds: list[int | None] | None =
     ]
     results: list[RowResult] = []
     for res in eng.run(Rows(UnitRequests(unit, reqs)), lambda: False):
+        assert res.engine == TREE
         results.extend(res.results)
     eng.close()
     return sorted(results, key=lambda r: r.request.row)
@@ -140,8 +142,8 @@ def same_rows(a: list[RowResult], b: list[RowResult]) -> None:
 
 
 def counts(r: RowResult) -> tuple[Any, ...]:
-    s = r.spec or {}
-    return (s.get("num_draft_tokens"), s.get("per_step_drafted"), s.get("per_step_accepted"))
+    s = r.spec
+    return (s.drafted, s.per_step_drafted, s.per_step_accepted) if s else (None, None, None)
 
 
 def replayed(r: RowResult, eng_spec: JobSpec, model: TreeModel, k: int) -> tuple[Any, ...]:
@@ -151,7 +153,7 @@ def replayed(r: RowResult, eng_spec: JobSpec, model: TreeModel, k: int) -> tuple
     got = replay(
         drafter, r.request.prompt_token_ids, r.token_ids, k, shape, eng_spec.sampling.max_tokens
     )
-    return (sum(got.nodes), got.depth, got.accepted)
+    return (sum(got.nodes), tuple(got.depth), tuple(got.accepted))
 
 
 ENDS = {
@@ -169,7 +171,9 @@ def test_an_end_inside_an_accepted_path_ends_the_row_as_plain_decoding(end: str)
     the counts hold only the tokens before the end (the step is not a rejection)."""
     rows = cycle_prompts(4, 8)
     free = run(engine(cycle_model(4), 4, NGRAM), rows)
-    assert all(r.spec["per_step_accepted"][0] == 4 for r in free)  # the first path is 4 deep
+    assert all(
+        r.spec and r.spec.per_step_accepted[0] == 4 for r in free
+    )  # the first path is 4 deep
     ends = {r.token_ids[2] for r in free}
     assert all(r.token_ids[:2].count(r.token_ids[2]) == 0 for r in free)
     kind, reason = ENDS[end]
@@ -188,10 +192,10 @@ def test_an_end_inside_an_accepted_path_ends_the_row_as_plain_decoding(end: str)
         # One step, which drafted four nodes (two: all max_tokens leaves room for) and
         # accepted the two emitted after the first token.
         drafted = 2 if "max_tokens" in kind else 4
-        assert t.spec["num_spec_steps"] == 1 and t.spec["num_draft_tokens"] == drafted
-        assert t.spec["num_accepted_draft_tokens"] == 2
-        assert t.spec["acceptance_histogram"] == [0, 0, 1, 0, 0]
-        assert (t.spec["per_step_drafted"], t.spec["per_step_accepted"]) == ([2], [2])
+        s = t.spec
+        assert s is not None and s.steps == 1 and s.drafted == drafted and s.accepted == 2
+        assert s.histogram == (0, 0, 1, 0, 0)
+        assert (s.per_step_drafted, s.per_step_accepted) == ((2,), (2,))
 
 
 @pytest.mark.parametrize("speculative", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
@@ -207,8 +211,8 @@ def test_greedy_trees_are_plain_decoding_and_replay_gives_their_counts(speculati
     spec = eng.spec
     tree = run(eng, rows)
     same_rows(plain, tree)
-    accepted = sum(r.spec["num_accepted_draft_tokens"] for r in tree)
-    assert 0 < accepted < sum(r.spec["num_draft_tokens"] for r in tree)
+    accepted = sum(r.spec.accepted for r in tree if r.spec)
+    assert 0 < accepted < sum(r.spec.drafted for r in tree if r.spec)
     assert {r.finish_reason for r in tree} == {"stop", "length"}
     for r in tree:
         assert counts(r) == replayed(r, spec, model, 4)
@@ -247,4 +251,4 @@ def test_sampling_keeps_every_tensor_on_the_models_device(speculative, monkeypat
         torch.set_default_device(None)
     same_rows(want, got)
     assert spy.devices == [model.device] * 4  # the engine's, then one per seeded row
-    assert sum(r.spec["num_accepted_draft_tokens"] for r in got) > 0
+    assert sum(r.spec.accepted for r in got if r.spec) > 0

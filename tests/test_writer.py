@@ -10,7 +10,8 @@ from conftest import SPECULATIVE_MEASURED
 
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import RESULT_FIELDS, Commit, PartWriter, output_schema, unit_table
-from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
+from batchspec.spec_tree import TREE, VLLM, EngineName
+from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult, WorkUnit
 
 UNIT = WorkUnit(0, "in.parquet", 0, 3, "code", 3)
 SCHEMA = output_schema(pa.string(), {"source": pa.string()})
@@ -28,23 +29,22 @@ def request(i: int, error: str | None = None) -> RowRequest:
     )
 
 
-def spec_metrics(hist: list[int], drafted: int) -> dict:
-    steps = sum(hist)
+def spec_metrics(hist: list[int], drafted: int) -> SpecStats:
     accepted = sum(j * c for j, c in enumerate(hist))
-    return {
-        "acceptance_histogram": hist,
-        "num_spec_steps": steps,
-        "num_accepted_draft_tokens": accepted,
-        "num_draft_tokens": drafted,
-    }
+    return SpecStats(sum(hist), drafted, accepted, tuple(hist))
 
 
-def result_of(results: list[RowResult], method: str = "ngram", k: int = 3) -> UnitResult:
-    return UnitResult(UnitRequests(UNIT, [r.request for r in results]), results, k, method)
+def result_of(
+    results: list[RowResult], method: str = "ngram", k: int = 3, engine: EngineName = VLLM
+) -> UnitResult:
+    requests = UnitRequests(UNIT, [r.request for r in results])
+    return UnitResult(requests, results, k, method, engine)
 
 
-def table_for(results: list[RowResult], method: str = "ngram", k: int = 3) -> pa.Table:
-    return unit_table(result_of(results, method, k), SCHEMA)
+def table_for(
+    results: list[RowResult], method: str = "ngram", k: int = 3, engine: EngineName = VLLM
+) -> pa.Table:
+    return unit_table(result_of(results, method, k, engine), SCHEMA)
 
 
 def test_schema_order_and_types() -> None:
@@ -72,6 +72,7 @@ def test_speculative_row() -> None:
     assert (row["queue_s"], row["ttft_s"], row["decode_s"], row["e2e_s"]) == (0.5, 1.0, 2.0, 3.0)
     assert row["output_tokens_per_s"] == 9 / 2.5
     assert row["unit_id"] == UNIT.unit_id and row["error"] is None
+    assert row["engine"] == VLLM
 
 
 def test_no_speculation_gives_nulls_not_zeros() -> None:
@@ -84,8 +85,9 @@ def test_no_speculation_gives_nulls_not_zeros() -> None:
         spec=None,
         timing=TIMING,
     )
-    row = table_for([r], method="none", k=0).to_pylist()[0]
+    row = table_for([r], method="none", k=0, engine=TREE).to_pylist()[0]
     assert row["spec_method"] == "none" and row["num_speculative_tokens"] == 0
+    assert row["engine"] == TREE
     for col in SPECULATIVE_MEASURED:
         assert row[col] is None, col
 
@@ -113,6 +115,17 @@ def test_error_row_has_no_generation_columns() -> None:
     assert row["generated_text"] is None and row["spec_method"] is None
 
 
+def test_engine_column_names_the_engine_of_every_row_it_saw() -> None:
+    """Rows an engine generated or rejected (or died on) name it; a row whose prompt failed
+    before any engine has a null engine, not the unit's."""
+    made = RowResult(request(0), text="hi", num_prompt_tokens=3, num_output_tokens=1)
+    rejected = RowResult(request(1), error="rejected by engine: too many tokens")
+    before = RowResult(request(2, "prompt is empty"), error="prompt is empty")
+    rows = table_for([made, rejected, before], method="ngram-tree", engine=TREE).to_pylist()
+    assert [r["engine"] for r in rows] == [TREE, TREE, None]
+    assert SCHEMA.field("engine").type == pa.string()
+
+
 def test_commit_first_wins_and_leaves_no_temp(tmp_path: Path) -> None:
     out = OutDir(tmp_path)
     writer = PartWriter(out, SCHEMA)
@@ -137,7 +150,7 @@ def test_retry_of_error_rows_replaces_them_in_place_and_keeps_the_old_part(
     )
     retried = UnitRequests(UNIT, [request(0), request(2)], positions=[0, 2])
     again = [RowResult(r, text=f"new{r.row}", num_output_tokens=2) for r in retried.rows]
-    outcome, _ = writer.commit(UnitResult(retried, again, 3, "ngram"))
+    outcome, _ = writer.commit(UnitResult(retried, again, 3, "ngram", VLLM))
     assert outcome is Commit.REPLACED
     rows = pq.read_table(out.part(UNIT.unit_id)).to_pylist()
     assert [r["generated_text"] for r in rows] == ["new0", "fine", "new2"]

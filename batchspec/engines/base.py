@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from batchspec.spec_tree import EngineName
 from batchspec.units import UnitRequests, UnitResult
 
 
@@ -51,6 +52,8 @@ class ListSource:
 class Engine(Protocol):
     """An engine up and ready, for one speculative setting."""
 
+    name: EngineName
+    """Which engine it is (one of ``spec_tree.ENGINES``): recorded in every row it ran."""
     k: int
     """Speculative tokens per step it was built with; 0 = no speculation."""
     method: str

@@ -31,7 +31,8 @@ from batchspec.engines.procs import (
 )
 from batchspec.engines.vllm_args import engine_kwargs, sampling_params, speculative_config
 from batchspec.spec import JobSpec
-from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult
+from batchspec.spec_tree import VLLM, EngineName
+from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult
 
 CLOSE_S = 15.0
 """Seconds vLLM waits for the engine's processes to exit before it kills them: a clean exit
@@ -59,7 +60,7 @@ def _row_result(req: RowRequest, out: Any) -> RowResult:
         num_prompt_tokens=len(out.prompt_token_ids or req.prompt_token_ids or []),
         num_output_tokens=len(comp.token_ids),
         finish_reason=str(comp.finish_reason) if comp.finish_reason is not None else None,
-        spec=sdm.to_dict() if sdm is not None else None,
+        spec=SpecStats.from_vllm(sdm.to_dict()) if sdm is not None else None,
         timing=timing,
         token_ids=list(comp.token_ids),
         top_logprobs=_top_logprobs(comp.logprobs),
@@ -123,7 +124,8 @@ class _Batch:
         done = [p for p in self.open if p.left == 0]
         for p in done:
             self.open.remove(p)
-            yield UnitResult(p.unit, list(p.results), self.engine.k, self.engine.method)
+            e = self.engine
+            yield UnitResult(p.unit, list(p.results), e.k, e.method, e.name)
 
 
 class VllmEngine:
@@ -132,6 +134,8 @@ class VllmEngine:
     vLLM fixes K when the engine is built, so a different K means another engine; the
     scheduler keeps an engine while the plan gives it units, to build as few as possible.
     """
+
+    name: EngineName = VLLM
 
     def __init__(self, spec: JobSpec, k: int, logprobs: int | None = None):
         from vllm import LLM

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from batchspec.io.layout import OutDir, temp_name
 from batchspec.io.temps import FileLock, fsync_dir
-from batchspec.units import RowResult, UnitResult
+from batchspec.units import RowResult, SpecStats, UnitResult
 
 # Columns every output has after id, domain and the pass-through columns (README: Output schema).
 RESULT_FIELDS: list[pa.Field] = [
@@ -31,6 +31,7 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("num_prompt_tokens", pa.int32()),
     pa.field("num_output_tokens", pa.int32()),
     pa.field("finish_reason", pa.string()),
+    pa.field("engine", pa.string()),
     pa.field("spec_method", pa.string()),
     pa.field("num_speculative_tokens", pa.int32()),
     pa.field("num_spec_steps", pa.int32()),
@@ -76,35 +77,35 @@ def _timing(t: dict[str, float] | None, num_output_tokens: int | None) -> dict[s
     }
 
 
-def _speculative(spec: dict[str, Any] | None, method: str, k: int) -> dict[str, Any]:
+def _speculative(spec: SpecStats | None, method: str, k: int) -> dict[str, Any]:
     """Speculative columns: what was measured, or nulls where nothing was speculated."""
     cols: dict[str, Any] = {"spec_method": method, "num_speculative_tokens": k}
     if spec is None or k == 0:
         return cols
-    steps = spec["num_spec_steps"]
-    drafted = spec["num_draft_tokens"]
-    accepted = spec["num_accepted_draft_tokens"]
     cols.update(
-        num_spec_steps=steps,
-        num_draft_tokens=drafted,
-        num_accepted_tokens=accepted,
+        num_spec_steps=spec.steps,
+        num_draft_tokens=spec.drafted,
+        num_accepted_tokens=spec.accepted,
         # Undefined when nothing was drafted (n-gram found no match): null, not a made-up 0.
-        acceptance_rate=accepted / drafted if drafted else None,
-        mean_acceptance_length=1.0 + accepted / steps if steps else None,
-        acceptance_histogram=list(spec["acceptance_histogram"]),
+        acceptance_rate=spec.acceptance_rate,
+        mean_acceptance_length=spec.mean_acceptance_length,
+        acceptance_histogram=list(spec.histogram),
     )
     return cols
 
 
-def result_row(r: RowResult, unit_id: str, method: str, k: int) -> dict[str, Any]:
+def result_row(r: RowResult, unit_id: str, result: UnitResult) -> dict[str, Any]:
+    """One output row of ``result``'s unit ``unit_id``."""
     req = r.request
     row: dict[str, Any] = {"id": req.row_id, "domain": req.domain, **req.passthrough}
     row["unit_id"] = unit_id
+    # A row whose prompt failed (null, malformed, too long) never reached an engine: null.
+    row["engine"] = result.engine if req.error is None else None
     if r.error is not None:
         # Nothing was generated: every generation column stays null.
         row["error"] = r.error
         return row
-    row.update(_speculative(r.spec, method, k))
+    row.update(_speculative(r.spec, result.method, result.k))
     row.update(
         generated_text=r.text,
         num_prompt_tokens=r.num_prompt_tokens,
@@ -117,7 +118,7 @@ def result_row(r: RowResult, unit_id: str, method: str, k: int) -> dict[str, Any
 
 def unit_table(result: UnitResult, schema: pa.Schema) -> pa.Table:
     unit_id = result.unit_requests.unit.unit_id
-    rows = [result_row(r, unit_id, result.method, result.k) for r in result.results]
+    rows = [result_row(r, unit_id, result) for r in result.results]
     return pa.Table.from_pylist(rows, schema=schema)
 
 

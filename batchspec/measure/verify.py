@@ -141,8 +141,8 @@ class _Runner:
             out = run_rows(engine, units[0], rows)
             took = time.perf_counter() - started
             # Drafts the check covered: a check of a run that accepted none proves little.
-            drafted = sum(r.spec["num_draft_tokens"] for r in out if r.spec)
-            accepted = sum(r.spec["num_accepted_draft_tokens"] for r in out if r.spec)
+            drafted = sum(r.spec.drafted for r in out if r.spec)
+            accepted = sum(r.spec.accepted for r in out if r.spec)
             self.engines.append(
                 {"dtype": spec.model.dtype, "k": k, "method": engine.method, "rows": len(rows),
                  "domains": [str(d) for d in domains], "build_s": engine.build_s, "run_s": took,

@@ -30,6 +30,9 @@ COLUMN_DOCS = {
     "num_prompt_tokens": "prompt tokens the model read, after the chat template",
     "num_output_tokens": "tokens generated",
     "finish_reason": "`stop` (end of sequence or a stop string) or `length` (`max_tokens`)",
+    "engine": "the engine that generated the row: `vllm` or batchspec's own `tree` (with "
+    "`engine: auto` a rerun may switch); null where the prompt failed before any engine, and in "
+    "parts written before batchspec recorded it",
     "spec_method": "the speculative method the row ran with: `none` without speculation, "
     "`<method>-tree` on the tree engine",
     "num_speculative_tokens": "K, the draft tokens proposed per verify step (on the tree "

@@ -88,6 +88,7 @@ _COLUMNS = [
     ("acc_rate", "acceptance_rate", 2),
     ("mean_acc_len", "mean_acceptance_length", 2),
     ("K_used", "k_used", 2),
+    ("engines", "engines", 2),
     ("row_tok/s", "row_tokens_per_s", 1),
     ("p50_s", "latency_p50_s", 2),
     ("p95_s", "latency_p95_s", 2),

@@ -37,6 +37,7 @@ REPORT_COLUMNS = [
     "num_spec_steps",
     "num_speculative_tokens",
     "spec_method",
+    "engine",
     "output_tokens_per_s",
 ]
 """The columns the per-domain table reads: never ``generated_text`` or pass-through columns."""
@@ -85,6 +86,7 @@ def _partial(rows: pl.DataFrame) -> pl.DataFrame:
         pl.col("num_spec_steps").sum().alias("steps"),
         pl.col("num_speculative_tokens").drop_nulls().unique().alias("k_used"),
         pl.col("spec_method").drop_nulls().unique().alias("methods"),
+        pl.col("engine").drop_nulls().unique().alias("engines"),
     )
 
 
@@ -193,7 +195,9 @@ def percentile(counts: np.ndarray, q: float) -> float | None:
 def table_of(scan: Scan) -> pl.DataFrame:
     """Per domain: rows, error rows, tokens, acceptance α, mean accepted length, K used, the
     median row speed. α is pooled (all accepted / all drafted tokens of the domain), not a
-    mean of row rates, so long rows weigh by what they drafted."""
+    mean of row rates, so long rows weigh by what they drafted. ``engines``, the engines a
+    domain's rows ran on, only when some domain's ran on more than one (a rerun of
+    ``engine: auto`` that switched): one engine for all is the job's, said elsewhere."""
     if not scan.partials:
         return pl.DataFrame()
     sums = (
@@ -203,8 +207,11 @@ def table_of(scan: Scan) -> pl.DataFrame:
             *(pl.col(c).sum() for c in [*_SUMS, "steps"]),
             pl.col("k_used").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(),
             pl.col("methods").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(),
+            pl.col("engines").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(),
         )
     )
+    if (sums["engines"].list.len() <= 1).all():
+        sums = sums.drop("engines")
     medians = pl.DataFrame(
         {
             "domain": list(scan.rates),

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from batchspec.units import RowResult, UnitResult
+from batchspec.units import RowResult, SpecStats, UnitResult
 
 MIN_RATE_TOKENS = 1500
 """Output tokens a (domain, K) pair needs before its own measured rate replaces the model."""
@@ -43,7 +43,7 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def rejected_steps(spec: dict[str, Any]) -> int:
+def rejected_steps(spec: SpecStats) -> int:
     """Verify steps of a row that rejected a draft token: the geometric model's failures.
 
     A step fails when it accepted fewer tokens than it drafted. Drafts are shorter than K at
@@ -55,12 +55,11 @@ def rejected_steps(spec: dict[str, Any]) -> int:
     the steps below the top bucket; the smaller bound is exact when every draft had K tokens
     or no draft was rejected.
     """
-    drafted = spec.get("per_step_drafted")
-    accepted = spec.get("per_step_accepted")
+    drafted, accepted = spec.per_step_drafted, spec.per_step_accepted
     if drafted is not None and accepted is not None:
         return sum(a < d for a, d in zip(accepted, drafted, strict=True))
-    unaccepted = spec["num_draft_tokens"] - spec["num_accepted_draft_tokens"]
-    return max(0, min(unaccepted, sum(spec["acceptance_histogram"][:-1])))
+    unaccepted = spec.drafted - spec.accepted
+    return max(0, min(unaccepted, sum(spec.histogram[:-1])))
 
 
 def tokens_per_step(alpha: np.ndarray, coverage: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -143,10 +142,10 @@ class Observation:
             self.rate_sq += (tokens / r.running_s) ** 2
         # Metrics of an engine without speculation (K=0) are not acceptance measurements.
         spec = r.spec if self.k > 0 else None
-        accepted = spec["num_accepted_draft_tokens"] if spec else 0
+        accepted = spec.accepted if spec else 0
         self.accepted += accepted
         self.rejections += rejected_steps(spec) if spec else 0
-        self.spec_steps += spec["num_spec_steps"] if spec else 0
+        self.spec_steps += spec.steps if spec else 0
         self.decode_steps += max(tokens - 1 - accepted, 0)
 
     def merge(self, other: Observation) -> None:

@@ -102,9 +102,9 @@ class ProgressLog:
             dom["k"] = result.k
             for r in result.results:
                 if r.spec is not None and result.k > 0:
-                    dom["drafted"] += r.spec["num_draft_tokens"]
-                    dom["accepted"] += r.spec["num_accepted_draft_tokens"]
-                    dom["steps"] += r.spec["num_spec_steps"]
+                    dom["drafted"] += r.spec.drafted
+                    dom["accepted"] += r.spec.accepted
+                    dom["steps"] += r.spec.steps
         self.write()
 
     def snapshot(self) -> dict[str, Any]:

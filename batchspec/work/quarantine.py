@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from batchspec.spec_tree import EngineName
 from batchspec.units import RowResult, UnitRequests, UnitResult
 
 
@@ -96,11 +97,12 @@ class Quarantine:
         suspect = self.suspects[uid]
         for i, r in zip(self._running.pop(uid), result.results, strict=True):
             suspect.done[i] = r
-        return self._whole(uid, result.k, result.method)
+        return self._whole(uid, result.k, result.method, result.engine)
 
-    def completed(self, k: int, method: str) -> list[UnitResult]:
-        """Units whose last rows were just resolved as error rows (by ``crashed``)."""
-        return [r for uid in list(self.suspects) if (r := self._whole(uid, k, method))]
+    def completed(self, k: int, method: str, engine: EngineName | None = None) -> list[UnitResult]:
+        """Units whose last rows were just resolved as error rows (by ``crashed``), from the
+        engine that crashed (None: not said; its rows then record no engine)."""
+        return [r for uid in list(self.suspects) if (r := self._whole(uid, k, method, engine))]
 
     def drop(self) -> list[str]:
         """Forget every suspect (stopping): their unit ids, to hand back."""
@@ -109,11 +111,12 @@ class Quarantine:
         self._running.clear()
         return dropped
 
-    def _whole(self, uid: str, k: int, method: str) -> UnitResult | None:
+    def _whole(self, uid: str, k: int, method: str, engine: EngineName | None) -> UnitResult | None:
         suspect = self.suspects[uid]
         base = suspect.base
         if suspect.todo or uid in self._running or len(suspect.done) < len(base.rows):
             return None
         del self.suspects[uid]
         whole = UnitRequests(base.unit, base.rows, len(base.rows), base.positions)
-        return UnitResult(whole, [suspect.done[i] for i in range(len(base.rows))], k, method)
+        rows = [suspect.done[i] for i in range(len(base.rows))]
+        return UnitResult(whole, rows, k, method, engine)

@@ -36,6 +36,7 @@ from batchspec.engines.tree.load import Target, load_target, open_drafter
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.spec import JobSpec
+from batchspec.spec_tree import TREE, EngineName
 from batchspec.units import RowResult, UnitRequests, UnitResult
 
 
@@ -51,6 +52,8 @@ class _Open:
 class TreeEngine:
     """Draft trees from a drafter (``drafting.Drafter``: n-gram or draft model) verified on
     batchspec's own model runner (``model.TreeModel``)."""
+
+    name: EngineName = TREE
 
     def __init__(
         self, spec: JobSpec, k: int, logprobs: int | None = None, target: Target | None = None
@@ -250,7 +253,7 @@ class TreeEngine:
     def _finished(self, opened: list[_Open]) -> Iterator[UnitResult]:
         for entry in [e for e in opened if e.left == 0]:
             opened.remove(entry)
-            yield UnitResult(entry.unit, list(entry.results), self.k, self.method)
+            yield UnitResult(entry.unit, list(entry.results), self.k, self.method, self.name)
 
     def close(self) -> None:
         """Free the model and its cache before another engine starts."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from batchspec.spec import SamplingSpec
-from batchspec.units import RowRequest, RowResult
+from batchspec.units import RowRequest, RowResult, SpecStats
 
 LOGPROB_TOP = 5
 
@@ -116,14 +116,14 @@ class TreeRow:
     def result(self, tokenizer: Any, speculative: bool) -> RowResult:
         spec = None
         if speculative:
-            spec = {
-                "num_spec_steps": self.steps,
-                "num_draft_tokens": self.drafted,
-                "num_accepted_draft_tokens": self.accepted,
-                "acceptance_histogram": self.histogram or [0],
-                "per_step_drafted": self.per_step_drafted,
-                "per_step_accepted": self.per_step_accepted,
-            }
+            spec = SpecStats(
+                steps=self.steps,
+                drafted=self.drafted,
+                accepted=self.accepted,
+                histogram=tuple(self.histogram or [0]),
+                per_step_drafted=tuple(self.per_step_drafted),
+                per_step_accepted=tuple(self.per_step_accepted),
+            )
         text = (
             self.text
             if self.text is not None
