@@ -23,7 +23,7 @@ import pytest
 from conftest import IN_PROCESS_ENGINE, run_cli, small_job
 from support.runs import check_output, committed, resume_job
 
-from batchspec.engines.procs import CLOSE_SIGNAL, ENGINE_ENV
+from batchspec.engines.procs import CLOSE_SIGNAL, ENGINE_ENV, blocks_stop_signals
 
 DEATH_S = 5.0
 """How soon the orphans must be gone (they die at once; reaping and exits take a moment)."""
@@ -108,7 +108,7 @@ def test_processes_of_other_vllm_users_are_left_alone(tmp_path: Path) -> None:
     # Without the worker's mark (vLLM run by a benchmark, say) the plugin arms nothing.
     parent, child = start_spawner(tmp_path, engine=False)
     try:
-        time.sleep(2.0)  # the time the armed one took, and more
+        time.sleep(1.0)  # the time the armed one took (0.3 s), and more
         assert not handles(child.pid, CLOSE_SIGNAL)
         parent.kill()
         parent.wait()
@@ -170,6 +170,10 @@ def test_vllm_engine_dies_with_its_worker_then_a_quiet_rerun_is_exactly_once(
     out = tmp_path / "out"
     worker = start_run([str(job)])
     wait_for_commit(worker, out)
+    # SIGTERM is blocked in its engine's processes (the job's stop signals are the worker's
+    # to act on): only SIGKILL, which the kernel sends at the worker's death, stops them.
+    engine = psutil.Process(worker.pid).children(recursive=True)
+    assert all(blocks_stop_signals(p) for p in engine if p.cmdline()[0].startswith("VLLM::"))
     names, seconds, stderr = kill_alone(worker)
     assert {"VLLM::EngineCore", "VLLM::Worker"} <= set(names), names
     assert seconds is not None, f"processes outlived their worker: {names}"
@@ -194,7 +198,7 @@ def test_workers_die_with_their_launcher(tmp_path: Path) -> None:
     # their worker as the test above shows.
     # Work for a minute: killed at the first commit, unbound workers would outlive DEATH_S.
     tree = {"tree": {"max_depth": 2}, "num_speculative_tokens": 2, "adaptive": False}
-    job = small_job(tmp_path, 12, speculative=tree, sampling={"max_tokens": 32})
+    job = small_job(tmp_path, 12, speculative=tree, sampling={"max_tokens": 16})
     launcher = start_run([str(job), "--workers", "2"])
     wait_for_commit(launcher, tmp_path / "out")
     names, seconds, _ = kill_alone(launcher)
