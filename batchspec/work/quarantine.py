@@ -99,9 +99,9 @@ class Quarantine:
             suspect.done[i] = r
         return self._whole(uid, result.k, result.method, result.engine)
 
-    def completed(self, k: int, method: str, engine: EngineName | None = None) -> list[UnitResult]:
+    def completed(self, k: int, method: str, engine: EngineName) -> list[UnitResult]:
         """Units whose last rows were just resolved as error rows (by ``crashed``), from the
-        engine that crashed (None: not said; its rows then record no engine)."""
+        engine that crashed (its name goes into every row's ``engine`` column)."""
         return [r for uid in list(self.suspects) if (r := self._whole(uid, k, method, engine))]
 
     def drop(self) -> list[str]:
@@ -111,7 +111,7 @@ class Quarantine:
         self._running.clear()
         return dropped
 
-    def _whole(self, uid: str, k: int, method: str, engine: EngineName | None) -> UnitResult | None:
+    def _whole(self, uid: str, k: int, method: str, engine: EngineName) -> UnitResult | None:
         suspect = self.suspects[uid]
         base = suspect.base
         if suspect.todo or uid in self._running or len(suspect.done) < len(base.rows):

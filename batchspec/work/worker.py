@@ -224,7 +224,7 @@ class Worker:
             self.failures.record(requests.unit, source.quarantine.attempts[uid], error)
             self.stats.units_failed += 1
             source.abandon(uid)
-        for whole in source.quarantine.completed(engine.k, engine.method):
+        for whole in source.quarantine.completed(engine.k, engine.method, engine.name):
             self._commit(whole, source, learn=False)
 
     def _commit(self, result: UnitResult, source: ClaimingSource, learn: bool = True) -> int:
