@@ -26,6 +26,10 @@ def test_tune_measures_both_engines_and_the_run_takes_the_faster(tmp_path: Path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "measured output tokens/s per domain and K" in result.stdout
     assert "speculative.engine auto routes" in result.stdout
+    # The engines' own output (vLLM's logs, torch's notices) went to the log, not the terminal.
+    assert result.stderr.strip() == "", result.stderr[-3000:]
+    logs = list((tmp_path / "out" / "runs").glob("tune-*.log"))
+    assert len(logs) == 1 and logs[0].stat().st_size > 0, logs
     data = json.loads(OutDir(tmp_path / "out").tuning.read_text())
     assert data["method"] == "ngram" and sorted(data["engines"]) == ["tree", "vllm"]
     assert data["identity"]["speculative.tree"]["max_depth"] == 3

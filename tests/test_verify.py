@@ -30,6 +30,7 @@ def test_greedy_ngram_passes_and_a_planted_bias_fails(tmp_path: Path) -> None:
     ok = run_cli("verify", str(job), "--rows", "6", env=IN_PROCESS_ENGINE)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "verify: pass" in ok.stdout
+    assert ok.stderr.strip() == "", ok.stderr[-3000:]  # the engines' output: in runs/verify-*.log
     (check,) = report(tmp_path / "out")["checks"]
     assert check["dtype"] == "float32" and check["rows"] == check["identical"] == 6
     bad = run_cli("verify", str(job), "--rows", "6", "--output", str(tmp_path / "b"), env=BIASED)

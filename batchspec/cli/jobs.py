@@ -215,8 +215,10 @@ def tune(
     overrides: tuple[str, ...],
 ) -> None:
     """Measure tokens/s and acceptance per domain for every K of the grid; write tuning.json."""
+    from batchspec.engines.quiet import results_output
     from batchspec.io.layout import OutDir
     from batchspec.measure.tune import tune as run_tune
+    from batchspec.work.runlog import worker_name
 
     spec = load_job(job, overrides, output)
     try:
@@ -231,5 +233,8 @@ def tune(
         f"tuning {spec.speculative.method} K in {spec.speculative.k_grid} on engine "
         f"{spec.speculative.engine}; rows per domain and K: {rows}"
     )
-    run_tune(spec, sample, sizes, path, echo=click.echo)
+    log = OutDir(spec.output_dir).engine_log(f"tune-{worker_name()}")
+    click.echo(f"engine output: {log}")
+    with results_output(log) as echo:
+        run_tune(spec, sample, sizes, path, echo=echo)
     click.echo(f"tuning file: {path} (batchspec run on this output directory uses it)")

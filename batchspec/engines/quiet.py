@@ -18,7 +18,7 @@ import ctypes
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -75,6 +75,20 @@ def engine_output(log: Path) -> Iterator[TextIO]:
         raise
     finally:
         _restore(saved)
+
+
+@contextlib.contextmanager
+def results_output(log: Path) -> Iterator[Callable[[str], None]]:
+    """For commands that print results while their engines run (``tune``, ``verify``): the
+    engines' output goes to ``log`` as in a run; yields an echo to the original stdout, so
+    their tables stay on stdout (pipeable) and off the log."""
+    _flush()
+    out = os.fdopen(os.dup(1), "w", buffering=1, errors="replace")
+    try:
+        with engine_output(log):
+            yield lambda line: print(line, file=out, flush=True)
+    finally:
+        out.close()
 
 
 def _restore(saved: tuple[int, int]) -> None:
