@@ -2,6 +2,9 @@
 
 Runs a job, kills the whole process group with SIGKILL at a random point (during engine start,
 or a random moment after a unit commits), reruns, and repeats; a last run completes the job.
+With ``--kill alone`` only the worker's process is killed (the OOM killer's way): its engine's
+processes must die with it (``engines.procs``), and each trial counts those that outlived it
+by ``DEATH_S``.
 After each kill it reads the dead workers' last progress records (written at every heartbeat
 beside the leases) to count rows that had finished generating but whose unit was not yet
 committed: those rows are generated twice. Target: at most one unit per worker per kill.
@@ -10,16 +13,19 @@ Then it checks that every input id is in the output exactly once and every part 
     .venv/bin/python scripts/bench_resume.py                  # 10 kills, default test job
     .venv/bin/python scripts/bench_resume.py --trials 20 --workers 2
     .venv/bin/python scripts/bench_resume.py --job J --trials 2 --no-finish --json
+    .venv/bin/python scripts/bench_resume.py --kill alone      # the worker's pid alone
 
 The test suite runs the same trials (tests/test_interrupts.py) through this script with
-``--job`` (its own job, kept afterwards), ``--no-finish`` and ``--json``. The final check is
-``batchspec export`` of the output, which refuses an unfinished output and compares every
-committed id with the input's, row for row; the tests check with an oracle of their own.
+``--job`` (its own job, kept afterwards), ``--kill alone``, ``--no-finish`` and ``--json``.
+The final check is ``batchspec export`` of the output, which refuses an unfinished output and
+compares every committed id with the input's, row for row; the tests check with an oracle of
+their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -31,12 +37,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import yaml
 
 from batchspec.spec_file import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
+DEATH_S = 5.0
+"""How long a killed worker's processes may take to die with it (measured: 0.1-0.3 s)."""
 
 
 @dataclass
@@ -50,6 +59,10 @@ class Trial:
     """Rows generated but lost with the kill: they are generated again by the rerun."""
     units_open: int
     """Units the dead workers held leases on."""
+    engine_processes: int = 0
+    """The run's vLLM engine processes (``VLLM::...``) when it was killed."""
+    survivors: int = 0
+    """With ``--kill alone``: the run's processes still alive ``DEATH_S`` after the kill."""
 
 
 def committed(out: Path) -> int:
@@ -88,8 +101,10 @@ def kill_trials(
     seed: int,
     workers: int = 1,
     startup_share: float = 0.2,
+    alone: bool = False,
 ) -> list[Trial]:
-    """Kill -9 a run of ``job`` ``trials`` times at random points (fewer if it finishes)."""
+    """Kill -9 a run of ``job`` ``trials`` times at random points (fewer if it finishes): its
+    whole process group, or with ``alone`` its first process only."""
     rng = random.Random(seed)
     results = []
     for _ in range(trials):
@@ -106,12 +121,33 @@ def kill_trials(
             time.sleep(delay)
         if proc.poll() is not None:
             break  # finished the job before the kill: nothing left to interrupt
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        time.sleep(0.5)  # let the kernel reap the engine processes
+        engines, survivors = _kill(proc, alone)
         rows, units = _lost_work(out, started)
-        results.append(Trial(when, delay, before, committed(out), rows, units))
+        results.append(Trial(when, delay, before, committed(out), rows, units, engines, survivors))
     return results
+
+
+def _kill(proc: subprocess.Popen, alone: bool) -> tuple[int, int]:
+    """SIGKILL the run (alone: its first process only, then wait for the rest to die with
+    it); its engine processes at the kill, and how many processes outlived it by DEATH_S.
+    Whatever is left of its group is killed after."""
+    procs = psutil.Process(proc.pid).children(recursive=True)
+    engines = sum(_name(p).startswith("VLLM::") for p in procs)
+    if alone:
+        proc.kill()
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _, alive = psutil.wait_procs(procs, timeout=DEATH_S if alone else 0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return engines, len(alive) if alone else 0
+
+
+def _name(proc: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(proc.cmdline())
+    return ""
 
 
 def finish(job: Path) -> None:
@@ -151,13 +187,14 @@ def write_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> Path:
     return path
 
 
-def report(trials: list[Trial], unit_rows: int, workers: int) -> None:
+def report(trials: list[Trial], unit_rows: int, workers: int, alone: bool) -> None:
     """One line per kill, then the waste against its target."""
     for i, t in enumerate(trials, 1):
         print(
             f"kill {i:2d} ({t.when:10s} +{t.delay_s:4.1f} s): committed units "
             f"{t.committed_before:3d} -> {t.committed_after:3d}, open units {t.units_open}, "
             f"rows generated twice {t.rows_finished_uncommitted}"
+            + (f", processes outliving the worker {t.survivors}" if alone else "")
         )
     worst = max((t.rows_finished_uncommitted for t in trials), default=0)
     total = sum(t.rows_finished_uncommitted for t in trials)
@@ -180,6 +217,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--job", type=Path, help="kill runs of this job instead (--rows etc. unused); kept"
     )
+    ap.add_argument(
+        "--kill",
+        choices=["group", "alone"],
+        default="group",
+        help="kill the run's process group, or its worker process alone (its engine must die too)",
+    )
     ap.add_argument("--no-finish", action="store_true", help="no final run, no check")
     ap.add_argument("--json", action="store_true", help="print the trials as one JSON line")
     return ap.parse_args()
@@ -192,7 +235,8 @@ def main() -> None:
         job = args.job or write_job(tmp, args.rows, args.unit_rows, args.max_tokens)
         spec = load_spec(job)
         out = spec.output_dir
-        trials = kill_trials(job, out, args.trials, args.seed, args.workers)
+        alone = args.kill == "alone"
+        trials = kill_trials(job, out, args.trials, args.seed, args.workers, alone=alone)
         checked = ""
         if not args.no_finish:
             finish(job)
@@ -204,7 +248,7 @@ def main() -> None:
         print(f"{len(trials)} kills, {args.workers} worker(s), unit_rows {unit_rows}: {out}")
         if checked:
             print(f"checked: {checked}")
-        report(trials, unit_rows, args.workers)
+        report(trials, unit_rows, args.workers, alone)
 
 
 if __name__ == "__main__":

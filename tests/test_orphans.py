@@ -1,11 +1,8 @@
-"""No process outlives the worker that started it: a worker killed alone (``kill -9 PID``, the
-OOM killer) takes its vLLM engine with it, a launcher killed alone takes its workers; the
-next run then completes every row exactly once. The existing kill trials kill the whole
-process group, which would hide a survivor. (That an engine closed by its worker exits
-cleanly, with nothing force-killed or leaked, test_interrupts checks on its graceful stop.)
-
-The processes are bound with ``PR_SET_PDEATHSIG`` (``engines.procs``): a unit test of the
-mechanism first (no engine), then the real process trees.
+"""No process outlives the process that started it: a launcher killed alone takes its workers
+with it, and an engine process dies with its worker (``PR_SET_PDEATHSIG``, ``engines.procs``):
+unit tests of the mechanism (no engine), then a real launcher's process tree. A real vLLM
+worker killed alone (``kill -9 PID``, the OOM killer) is in ``tests/test_interrupts.py``, whose
+kill trials kill the worker's process alone and count the processes that outlive it.
 """
 
 from __future__ import annotations
@@ -20,10 +17,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import IN_PROCESS_ENGINE, run_cli, small_job
-from support.runs import check_output, committed, resume_job
+from conftest import small_job
+from support.runs import committed
 
-from batchspec.engines.procs import CLOSE_SIGNAL, ENGINE_ENV, blocks_stop_signals
+from batchspec.engines.procs import CLOSE_SIGNAL, ENGINE_ENV
 
 DEATH_S = 5.0
 """How soon the orphans must be gone (they die at once; reaping and exits take a moment)."""
@@ -163,39 +160,9 @@ def kill_alone(proc: subprocess.Popen) -> tuple[list[str], float | None, str]:
 
 
 @pytest.mark.engine
-def test_vllm_engine_dies_with_its_worker_then_a_quiet_rerun_is_exactly_once(
-    tmp_path: Path,
-) -> None:
-    job, ids = resume_job(tmp_path, rows=24, unit_rows=4, max_tokens=16)
-    out = tmp_path / "out"
-    worker = start_run([str(job)])
-    wait_for_commit(worker, out)
-    # SIGTERM is blocked in its engine's processes (the job's stop signals are the worker's
-    # to act on): only SIGKILL, which the kernel sends at the worker's death, stops them.
-    engine = psutil.Process(worker.pid).children(recursive=True)
-    assert all(blocks_stop_signals(p) for p in engine if p.cmdline()[0].startswith("VLLM::"))
-    names, seconds, stderr = kill_alone(worker)
-    assert {"VLLM::EngineCore", "VLLM::Worker"} <= set(names), names
-    assert seconds is not None, f"processes outlived their worker: {names}"
-    print(f"{names} gone {seconds:.2f} s after the worker's kill")
-    # Until then, its engine's start and steps printed nothing on the terminal: vLLM's
-    # output (worker, engine core, model worker) is in the worker's log.
-    assert stderr == "", stderr[-3000:]
-    (log,) = (out / "runs").glob("*.log")
-    assert "EngineCore pid=" in log.read_text() and "VllmWorker" in log.read_text()
-
-    # The rerun (its engine in its own process: a cheap start) takes over the dead worker's
-    # leases at once and commits every row once.
-    result = run_cli("run", str(job), "--no-progress", env=IN_PROCESS_ENGINE)
-    assert result.returncode == 0, result.stderr[-3000:]
-    check_output(out, ids)
-    assert result.stderr == "" and result.stdout.startswith("output: "), result.stderr[-3000:]
-
-
-@pytest.mark.engine
 def test_workers_die_with_their_launcher(tmp_path: Path) -> None:
     # On the tree engine (in the worker's process: a cheap start); vLLM's processes die with
-    # their worker as the test above shows.
+    # their worker as tests/test_interrupts.py's kills of the worker alone show.
     # Work for a minute: killed at the first commit, unbound workers would outlive DEATH_S.
     tree = {"tree": {"max_depth": 2}, "num_speculative_tokens": 2, "adaptive": False}
     job = small_job(tmp_path, 12, speculative=tree, sampling={"max_tokens": 16})

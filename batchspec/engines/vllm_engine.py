@@ -27,6 +27,7 @@ from batchspec.engines.procs import (
     ask_to_close,
     kill_tree,
     new_children,
+    spawned_children_bound,
     stop_signals_blocked,
 )
 from batchspec.engines.vllm_args import engine_kwargs, sampling_params, speculative_config
@@ -34,9 +35,11 @@ from batchspec.spec import JobSpec
 from batchspec.spec_tree import VLLM, EngineName
 from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult
 
-CLOSE_S = 15.0
+CLOSE_S = 60.0
 """Seconds vLLM waits for the engine's processes to exit before it kills them: a clean exit
-took 0.4-2.1 s here, and the wait ends as soon as they are gone."""
+took 0.4-2.1 s on a quiet 2-core machine, but more than 15 s with two engines per core (the
+suite under load: killed, it left shared memory behind); the wait ends as soon as they are
+gone, and a kill is for an engine that hangs."""
 KILL_S = 0.5
 """The same for processes that cannot exit cleanly (batchspec's plugin not loaded in them:
 ``VLLM_PLUGINS`` without it), which SIGTERM does not reach."""
@@ -146,7 +149,7 @@ class VllmEngine:
         maybe_plant_bias()
         started = time.perf_counter()
         os.environ[ENGINE_ENV] = str(os.getpid())  # its processes die with this one (procs)
-        with stop_signals_blocked():
+        with stop_signals_blocked(), spawned_children_bound():
             before = {p.pid for p in psutil.Process().children()}
             self.llm = LLM(**engine_kwargs(spec, k))
         self.build_s = time.perf_counter() - started
