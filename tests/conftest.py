@@ -71,17 +71,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 LONGEST_FIRST = [
-    "test_interrupts.py",
-    "test_tree_engine.py",
-    "test_slurm.py",
-    "test_crash.py",
-    "test_e2e.py",
-    "test_workers.py",
-    "test_orphans.py",
-    "test_verify.py",
-    "test_adaptive.py",
     "test_tune.py",
+    "test_interrupts.py",
+    "test_verify.py",
+    "test_workers.py",
+    "test_crash.py",
+    "test_slurm.py",
+    "test_adaptive.py",
+    "test_e2e.py",
+    "test_tree_engine.py",
     "test_observe_run.py",
+    "test_orphans.py",
 ]
 """The files that start engines, longest first (as measured): parallel workers take files in
 collection order, and a long file taken last would leave the other worker idle. Order only."""
