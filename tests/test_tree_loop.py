@@ -12,13 +12,16 @@ for sampling, with realistic logits.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import job_dict
+from conftest import CPU_BIND_ENV, job_dict
 
 from batchspec.engines.tree.drafting import replay
 from batchspec.engines.tree.engine import TreeEngine
@@ -252,3 +255,24 @@ def test_sampling_keeps_every_tensor_on_the_models_device(speculative, monkeypat
     same_rows(want, got)
     assert spy.devices == [model.device] * 4  # the engine's, then one per seeded row
     assert sum(r.spec.accepted for r in got if r.spec) > 0
+
+
+def test_the_tree_engine_takes_a_thread_per_core_or_fewer_as_omp_num_threads_says() -> None:
+    # More threads than cores made steps ~10x slower on a shared machine; OMP_NUM_THREADS
+    # (set by a user, a scheduler, or the suite's in-process engines) may ask for fewer.
+    code = """
+import os, torch
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+from batchspec.engines.tree.load import bind_cpus
+for omp in ("1", None, "8", "x"):
+    os.environ.pop("OMP_NUM_THREADS", None)
+    if omp is not None:
+        os.environ["OMP_NUM_THREADS"] = omp
+    bind_cpus()
+    print(torch.get_num_threads(), end=" ")
+print(len(os.sched_getaffinity(0)))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", CPU_BIND_ENV)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    *threads, cores = map(int, out.stdout.split())
+    assert threads == [1, cores, cores, cores], out.stderr

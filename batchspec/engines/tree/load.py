@@ -7,6 +7,7 @@ their own without a model directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -81,7 +82,11 @@ def bind_cpus() -> None:
     if bind in ("auto", "nobind", ""):
         # One thread per core this process may use: more threads than cores (torch's
         # default counts the machine's cores) made steps ~10x slower on a shared machine.
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        # Fewer where OMP_NUM_THREADS says so (as vLLM's in-process engine takes it).
+        threads = len(os.sched_getaffinity(0))
+        with contextlib.suppress(ValueError):
+            threads = max(1, min(threads, int(os.environ.get("OMP_NUM_THREADS", threads))))
+        torch.set_num_threads(threads)
         return
     cpus: set[int] = set()
     for part in bind.split("|")[0].split(","):
