@@ -71,6 +71,9 @@ class UnitRequests:
     finished_tokens: int = 0
     """Output tokens of the ``finished`` rows (live progress: tokens/s before the unit commits;
     an engine that does not count them shows tokens as units commit)."""
+    k: int | None = None
+    """The K (tree node budget; 0 = plain decoding) this unit's rows decode at, on an engine
+    that takes K per unit (``Engine.k_per_unit``); None: the K the engine was built with."""
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,9 @@ class Engine(Protocol):
     """Which engine it is (one of ``spec_tree.ENGINES``): recorded in every row it ran."""
     k: int
     """Speculative tokens per step it was built with; 0 = no speculation."""
+    k_per_unit: bool
+    """True when it decodes each unit at ``UnitRequests.k`` (rows of units at different K in
+    one batch, no rebuild: the tree engine); False when K is fixed per engine (vLLM)."""
     method: str
     """The speculative method in effect (``none`` when ``k`` is 0): recorded in every row."""
     build_s: float

@@ -139,6 +139,7 @@ class VllmEngine:
     """
 
     name: EngineName = VLLM
+    k_per_unit = False
 
     def __init__(self, spec: JobSpec, k: int, logprobs: int | None = None):
         from vllm import LLM

@@ -54,6 +54,7 @@ class TreeEngine:
     batchspec's own model runner (``model.TreeModel``)."""
 
     name: EngineName = TREE
+    k_per_unit = True
 
     def __init__(
         self, spec: JobSpec, k: int, logprobs: int | None = None, target: Target | None = None
