@@ -27,9 +27,9 @@ from batchspec.spec_keys import (
     checked_k_grid,
     k_per_domain,
     listed_once,
-    no_empty_stop,
     not_set_by_batchspec,
 )
+from batchspec.spec_sampling import SamplingSpec
 from batchspec.spec_tree import VLLM, EngineChoice, TreeSpec, check_speculative, engine_defaults
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
@@ -233,23 +233,6 @@ class SpeculativeSpec(_Section):
         """The K a domain starts at: its fixed K, else where the controller starts."""
         fixed = self.fixed_k(domain)
         return self.num_speculative_tokens if fixed is None else fixed
-
-
-class SamplingSpec(_Section):
-    """Sampling parameters (vLLM's `SamplingParams`)."""
-
-    temperature: float = Field(0.0, ge=0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus cut: 1 = none")
-    top_k: int = Field(-1, ge=-1, description="top-k cut: -1 = none")
-    max_tokens: int = Field(256, ge=1, description="new tokens per row, at most")
-    stop: list[str] = Field(default_factory=list, description="stop strings")
-    seed: int | None = Field(
-        None,
-        description="per-row seed base: row *i* of file *f* samples with a seed derived from "
-        "(seed, f, i), so a row's sample does not depend on its batch; none = unseeded",
-    )
-
-    _stops = field_validator("stop")(no_empty_stop)
 
 
 class ExecutionSpec(_Section):
