@@ -1,0 +1,141 @@
+"""Replayed acceptance: what every K of the grid would have accepted on a finished row.
+
+A drafter is a function of the context alone, so the drafts it would have proposed at any K
+follow from a row's prompt and output without running the target: step by step, draft from
+the context, match the draft against the output (the target's choices), commit the matched
+path and the next output token (the bonus), and go on. For greedy rows this is exact: at the
+K that ran it gives the engine's own counts. For sampled rows with deterministic drafts
+(n-gram chains and trees), the emitted token equals a draft token exactly when it was
+accepted (one-hot acceptance), so at the K that ran the counts are again the real ones, and at
+other K the match rate is an unbiased estimate of acceptance (the indicator "sampled token =
+draft token" has expectation p(draft)).
+
+Two drafters are replayed: vLLM 0.32's n-gram proposer (``vllm/v1/spec_decode/
+ngram_proposer.py``: the longest suffix of ``prompt_lookup_min..max`` tokens that occurred
+before, its earliest occurrence, the K tokens after it), and the tree engine's n-gram trees
+(``engines.tree.drafting.replay`` with the job's tree shape at each K). Drafts that need a
+model (vLLM's draft model, EAGLE, MTP, suffix decoding; the tree engine's draft-model trees)
+are not replayed: their rows carry no replay, and the controller measures those K instead.
+
+One caveat on vLLM: it counts draft tokens accepted past a row's end (an EOS or ``max_tokens``
+inside an accepted draft; its sampler accepts before the stop check truncates the output),
+which no replay can know: the replay counts only emitted tokens, as the tree engine does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from batchspec.engines.tree.drafting import replay
+from batchspec.engines.tree.ngram import NgramDrafter
+from batchspec.spec import JobSpec
+from batchspec.spec_tree import TREE
+from batchspec.units import RowResult
+
+VLLM_DEFAULT_LOOKUP = 5
+"""vLLM's ``prompt_lookup_min`` and ``_max`` when neither is set (``SpeculativeConfig``)."""
+
+
+def vllm_lookup(lo: int | None, hi: int | None) -> tuple[int, int]:
+    """The n-gram lengths vLLM matches: one bound set stands for both, neither means 5."""
+    if lo is None and hi is None:
+        return VLLM_DEFAULT_LOOKUP, VLLM_DEFAULT_LOOKUP
+    return (lo if lo is not None else hi), (hi if hi is not None else lo)  # type: ignore[return-value]
+
+
+def ngram_starts(tokens: Sequence[int], first: int, min_n: int, max_n: int) -> list[int]:
+    """Where vLLM's n-gram proposer starts copying for each context ``tokens[:m]``, m from
+    ``first`` to ``len(tokens)`` (index m − first); −1 where it proposes nothing.
+
+    vLLM's rule (``_find_longest_matched_ngram_and_propose_tokens``): the longest suffix of
+    ``min_n..max_n`` tokens that also occurs ending before the context's last token, at its
+    earliest occurrence; the draft is what followed it. Kept incrementally: the earliest end
+    of every n-gram, so all contexts of a row cost O(len · (max_n − min_n + 1))."""
+    earliest: dict[tuple[int, ...], int] = {}
+    out: list[int] = []
+    toks = list(tokens)
+    indexed = 0  # n-grams ending before this index are in ``earliest``
+    for m in range(first, len(toks) + 1):
+        # The occurrence must end at m - 2 at the latest (before the suffix's own end).
+        while indexed <= m - 2:
+            for n in range(min_n, min(max_n, indexed + 1) + 1):
+                earliest.setdefault(tuple(toks[indexed - n + 1 : indexed + 1]), indexed)
+            indexed += 1
+        start = -1
+        for n in range(min(max_n, m - 1), min_n - 1, -1):
+            end = earliest.get(tuple(toks[m - n : m]))
+            if end is not None:
+                start = end + 1
+                break
+        out.append(start)
+    return out
+
+
+def replay_chain(
+    tokens: Sequence[int], prompt_len: int, starts: list[int], k: int, max_model_len: int
+) -> tuple[int, int]:
+    """(verify steps that drafted, draft tokens accepted) of vLLM's n-gram proposer at K on a
+    row (``tokens``: prompt then output; ``starts``: ``ngram_starts`` from ``prompt_len + 1``).
+    The first output token comes from the prefill; every later step drafts from the context
+    so far and emits its accepted draft tokens and one more."""
+    n_out = len(tokens) - prompt_len
+    steps = accepted = 0
+    t = 1
+    while t < n_out:
+        m = prompt_len + t
+        s = starts[t - 1]
+        room = min(k, max_model_len - m)
+        length = min(room, m - s) if s >= 0 and room > 0 else 0
+        got = 0
+        while got < length and t + got < n_out and tokens[s + got] == tokens[m + got]:
+            got += 1
+        if length:
+            steps += 1
+            accepted += got
+        t += got + 1
+    return steps, accepted
+
+
+@dataclass
+class Replayer:
+    """Replays the job's drafter over finished rows at every K of ``grid``.
+
+    ``supported`` is False where the job's drafts need a model: then ``row`` gives None."""
+
+    spec: JobSpec
+    engine: str
+    grid: list[int]
+    max_model_len: int
+
+    @property
+    def supported(self) -> bool:
+        return self.spec.speculative.method == "ngram"
+
+    def row(self, r: RowResult) -> list[int] | None:
+        """Accepted draft tokens per K of the grid for one finished row; None for an error
+        row, a row without output, or drafts that cannot be replayed."""
+        prompt, out = r.request.prompt_token_ids, r.token_ids
+        if not self.supported or r.error is not None or not prompt or not out:
+            return None
+        if self.engine == TREE:
+            return [self._tree(prompt, out, r.request.domain, k) for k in self.grid]
+        s = self.spec.speculative
+        lo, hi = vllm_lookup(s.prompt_lookup_min, s.prompt_lookup_max)
+        tokens = [*prompt, *out]
+        starts = ngram_starts(tokens, len(prompt) + 1, lo, hi)
+        return [
+            replay_chain(tokens, len(prompt), starts, k, self.max_model_len)[1] if k > 0 else 0
+            for k in self.grid
+        ]
+
+    def _tree(self, prompt: list[int], out: list[int], domain: str | None, k: int) -> int:
+        """The tree engine's n-gram trees at K with the domain's shape (its own defaults)."""
+        s = self.spec.speculative
+        if k <= 0 or s.tree is None:
+            return 0
+        # The tree engine's own defaults (``engines/tree/load.py``), not vLLM's rule.
+        lo, hi = s.prompt_lookup_min or 1, s.prompt_lookup_max or 3
+        shape = s.tree.shape_for(domain)
+        max_tokens = min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt))
+        return sum(replay(NgramDrafter(lo, hi), prompt, out, k, shape, max_tokens).accepted)
