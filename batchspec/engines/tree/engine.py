@@ -12,7 +12,11 @@ One loop, readable in one sitting, after gpt-fast's ``generate.py``::
         finished rows free their slots; a unit whose rows are all done is yielded
 
 K is the number of draft nodes per step (0: plain decoding, the same code with a tree of one
-node), so the worker, ``tune`` and the K controller treat this engine as they treat vLLM.
+node), so the worker, ``tune`` and the K controller treat this engine as they treat vLLM. Unlike
+vLLM's, it is a choice per row, not per engine: each row decodes at its unit's K
+(``UnitRequests.k``, else the K the engine was built with), rows of different K in one batch
+(a K=0 row is a root alone in the same forward, and never touches the drafter), so a K change
+costs no engine and no drained batch.
 
 Everything stays on the model's device (CPU or CUDA): logits, the sampling distributions and
 the random generators; only tokens and probabilities come back to Python, as scalars.
@@ -62,12 +66,14 @@ class TreeEngine:
         """Load the job's model (``target``: one already loaded, for tests)."""
         started = time.perf_counter()
         self.spec, self.k = spec, k
-        self.method = "none" if k == 0 else f"{spec.speculative.method}-tree"
-        target = target or load_target(spec, k)
+        self.method = self._method(k)
+        target = target or load_target(spec, max_k(spec, k))
         self.model, self.tokenizer = target.model, target.tokenizer
         self.max_model_len = target.max_model_len
+        self.k_cap = self.model.max_len - self.max_model_len - 1
+        """The largest K a unit may ask for: the cache's room for a tree behind the longest row."""
         self.stops = Stops(target.eos_ids, list(spec.sampling.stop), self.tokenizer)
-        self.drafter = open_drafter(spec, k, self.model)
+        self.drafter = open_drafter(spec, min(max_k(spec, k), self.k_cap), self.model)
         self.logprobs = logprobs
         self.free = list(range(spec.model.max_num_seqs))
         """Free slots, a heap: rows take the lowest, so rows in flight stay adjacent (cheap)."""
@@ -78,6 +84,14 @@ class TreeEngine:
         """Rows without a seed of their own draw from this one, in the order they step."""
         self.planted = planted.planted_on()
         self.build_s = time.perf_counter() - started
+
+    def _method(self, k: int) -> str:
+        """The method recorded for rows decoded at K = ``k``."""
+        return "none" if k == 0 else f"{self.spec.speculative.method}-tree"
+
+    def unit_k(self, unit: UnitRequests) -> int:
+        """The K ``unit``'s rows decode at: its own, else the engine's."""
+        return self.k if unit.k is None else unit.k
 
     def _generator(self, seed: int) -> torch.Generator:
         """A generator on the model's device: sampling there needs one (a CPU generator
@@ -117,6 +131,12 @@ class TreeEngine:
         unit = source.next_unit()
         if unit is None:
             return False
+        k = self.unit_k(unit)
+        if not 0 <= k <= self.k_cap or (k > 0 and self.drafter is None):
+            raise ValueError(
+                f"unit {unit.unit.unit_id} asks for K={k}; this engine takes 0"
+                + (f" to {self.k_cap}" if self.drafter is not None else " only")
+            )
         entry = _Open(unit)
         opened.append(entry)
         for i, req in enumerate(unit.rows):
@@ -136,7 +156,7 @@ class TreeEngine:
             req, owner, index, heapq.heappop(self.free),
             max_tokens=min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt)),
             generator=gen, queued=time.monotonic(),
-            logprobs=[] if self.logprobs else None,
+            logprobs=[] if self.logprobs else None, k=self.unit_k(owner.unit),
         )  # fmt: skip
         row.scheduled = time.monotonic()
         try:
@@ -146,7 +166,7 @@ class TreeEngine:
         first = self._choose(logits.unsqueeze(0), gen)
         lps = top_logprobs(logits.unsqueeze(0), [first]) if self.logprobs else None
         row.emit([first], self.stops, lps)
-        if self.drafter is not None:
+        if self._drafts(row):
             self.drafter.extend(row.slot, [first])
         self.rows.append(row)
         if row.finish is not None:
@@ -164,9 +184,14 @@ class TreeEngine:
             twin = None
             row.prefill_logits = self.model.prefill(row.slot, prompt)
             self.by_prompt[key] = row
-        if self.drafter is not None:
-            self.drafter.start(row.slot, prompt, twin.slot if twin is not None else None)
+        if self._drafts(row):
+            shared = twin.slot if twin is not None and self._drafts(twin) else None
+            self.drafter.start(row.slot, prompt, shared)
         return row.prefill_logits
+
+    def _drafts(self, row: TreeRow) -> bool:
+        """Whether the drafter keeps this row (rows at K=0 never ask it for a tree)."""
+        return self.drafter is not None and row.k > 0
 
     def _choose(self, logits: torch.Tensor, gen: torch.Generator) -> int:
         """A token sampled plainly from ``logits`` [1, V] (argmax when greedy)."""
@@ -180,7 +205,7 @@ class TreeEngine:
         """What the row asks of the drafter this step; None: no draft."""
         tree_spec = self.spec.speculative.tree
         shape = tree_spec.shape_for(row.req.domain) if tree_spec is not None else None
-        return ask_for(row.slot, self.k, shape, row.max_tokens - len(row.out))
+        return ask_for(row.slot, row.k, shape, row.max_tokens - len(row.out))
 
     def _trees(self) -> list[DraftTree]:
         """Each row's draft (up to K best-ranked nodes), or its root alone."""
@@ -226,16 +251,16 @@ class TreeEngine:
         emitted = [tree.tokens[i] for i in path] + [bonus]
         lps = top_logprobs(logits[kept], emitted) if self.logprobs else None
         n = row.emit(emitted, self.stops, lps)
-        cap = min(self.k, self._depth_cap(row))
+        cap = min(row.k, self._depth_cap(row))
         row.count_step(tree.size - 1, max(tree.depths()), len(path), n, cap)
         if row.finish is not None:
             self._finish(row)
-        elif self.drafter is not None:
+        elif self._drafts(row):
             self.drafter.extend(row.slot, emitted)
 
     def _depth_cap(self, row: TreeRow) -> int:
         tree_spec = self.spec.speculative.tree
-        return tree_spec.shape_for(row.req.domain).depth() if tree_spec is not None else self.k
+        return tree_spec.shape_for(row.req.domain).depth() if tree_spec is not None else row.k
 
     def _finish(self, row: TreeRow) -> None:
         self.rows.remove(row)
@@ -246,7 +271,7 @@ class TreeEngine:
         if self.stops.stop:
             row.text = self.stops.text(row.out)
         owner = row.owner
-        owner.results[row.index] = row.result(self.tokenizer, self.k > 0)
+        owner.results[row.index] = row.result(self.tokenizer, row.k > 0)
         owner.left -= 1
         owner.unit.finished += 1
         owner.unit.finished_tokens += len(row.out)
@@ -254,12 +279,23 @@ class TreeEngine:
     def _finished(self, opened: list[_Open]) -> Iterator[UnitResult]:
         for entry in [e for e in opened if e.left == 0]:
             opened.remove(entry)
-            yield UnitResult(entry.unit, list(entry.results), self.k, self.method, self.name)
+            k = self.unit_k(entry.unit)
+            yield UnitResult(entry.unit, list(entry.results), k, self._method(k), self.name)
 
     def close(self) -> None:
         """Free the model and its cache before another engine starts."""
         del self.model
         gc.collect()
+
+
+def max_k(spec: JobSpec, k: int) -> int:
+    """The largest K a unit of this job may ask for (the engine's own, the grid's, the
+    domains' fixed ones): the cache and the draft's scratch are sized for it at load, so that
+    no K change rebuilds anything. 0 without a speculative method."""
+    s = spec.speculative
+    if s.method == "none":
+        return k
+    return max(k, s.num_speculative_tokens, *s.k_grid, *s.per_domain.values())
 
 
 def _first_path(tree: DraftTree) -> list[int]:

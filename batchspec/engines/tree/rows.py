@@ -71,6 +71,8 @@ class TreeRow:
     per_step_accepted: list[int] = field(default_factory=list)
     finish: str | None = None
     text: str | None = None
+    k: int = 0
+    """The draft node budget this row decodes at, its unit's K (0: plain decoding)."""
 
     def emit(self, tokens: list[int], stops: Stops, lps: list[dict[int, float]] | None) -> int:
         """Append a step's tokens up to the first that ends the row (EOS, a stop string,
