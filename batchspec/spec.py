@@ -29,7 +29,7 @@ from batchspec.spec_keys import (
     listed_once,
     not_set_by_batchspec,
 )
-from batchspec.spec_sampling import SamplingSpec
+from batchspec.spec_sampling import SamplingSpec, check_engine
 from batchspec.spec_tree import VLLM, EngineChoice, TreeSpec, check_speculative, engine_defaults
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
@@ -289,6 +289,11 @@ class JobSpec(_Section):
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
     name: str | None = Field(None, description="job name, shown in reports and Slurm")
     base_dir: str = Field(".", exclude=True)
+
+    @model_validator(mode="after")
+    def _sampling_on_engine(self) -> JobSpec:
+        check_engine(self.sampling, self.speculative.engine)
+        return self
 
     def resolve(self, path: str) -> Path:
         """A spec path made absolute against the spec file's folder."""

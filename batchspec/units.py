@@ -56,6 +56,11 @@ class RowRequest:
     prompt_token_ids: list[int] | None = None
     error: str | None = None
     seed: int | None = None
+    sample_index: int = 0
+    """Which of the prompt's ``sampling.n`` samples this request is (its own row and seed)."""
+    sampling: Any = None
+    """The row's ``SamplingSpec`` where columns set some of it (``sampling.columns``); None:
+    the job's."""
 
 
 @dataclass
@@ -160,6 +165,8 @@ class RowResult:
     top_logprobs: list[dict[int, float]] | None = None
     """Per generated position, the target's top log-probabilities by token id; only when the
     engine was opened with ``logprobs`` (``batchspec verify``)."""
+    prompt_logprobs: list[dict[int, float]] | None = None
+    """The same per prompt position (``sampling.prompt_logprobs``; vLLM: none at the first)."""
 
     @property
     def running_s(self) -> float | None:

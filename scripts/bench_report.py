@@ -80,6 +80,9 @@ def block(start: int, n: int, text_bytes: int):
         "decode_s": pa.array(e2e - 0.1),
         "e2e_s": pa.array(e2e),
         "output_tokens_per_s": pa.array(out_tok / e2e),
+        "sample_index": pa.array(np.zeros(n, dtype=np.int32)),
+        "logprobs": pa.nulls(n),
+        "prompt_logprobs": pa.nulls(n),
         "error": pa.nulls(n, pa.string()),
         "unit_id": pa.nulls(n, pa.string()),
     }

@@ -14,6 +14,7 @@ import psutil
 
 from batchspec.models import resolve_model
 from batchspec.spec import JobSpec
+from batchspec.spec_sampling import SamplingSpec
 
 CPU_MEMORY_FRACTION = 0.3
 """The CPU build reads gpu_memory_utilization as a fraction of host memory; vLLM's 0.92 does
@@ -86,21 +87,34 @@ def engine_kwargs(spec: JobSpec, k: int) -> dict[str, Any]:
     return kwargs
 
 
-def sampling_params(spec: JobSpec, seed: int | None = None, logprobs: int | None = None) -> Any:
-    """The job's ``SamplingParams``; ``logprobs``: also the target's top log-probabilities at
-    every generated position (``batchspec verify`` reads near-ties from them)."""
+def sampling_params(
+    spec: JobSpec,
+    seed: int | None = None,
+    logprobs: int | None = None,
+    row: SamplingSpec | None = None,
+) -> Any:
+    """The job's ``SamplingParams`` (``row``: a row's own settings, ``sampling.columns``);
+    ``logprobs``: the target's top log-probabilities at every generated position, at least
+    as many as the job writes (``batchspec verify`` reads near-ties from them)."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-    s = spec.sampling
+    s = row or spec.sampling
+    structured = s.structured()
     return SamplingParams(
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k if s.top_k > 0 else 0,
         max_tokens=s.max_tokens,
+        min_tokens=s.min_tokens,
+        repetition_penalty=s.repetition_penalty,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
         stop=list(s.stop) or None,
         seed=seed,
-        logprobs=logprobs,
+        logprobs=s.logprobs_for(logprobs),
+        prompt_logprobs=s.prompt_logprobs,
+        structured_outputs=StructuredOutputsParams(**structured) if structured else None,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
 

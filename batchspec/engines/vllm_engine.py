@@ -67,14 +67,16 @@ def _row_result(req: RowRequest, out: Any) -> RowResult:
         timing=timing,
         token_ids=list(comp.token_ids),
         top_logprobs=_top_logprobs(comp.logprobs),
+        prompt_logprobs=_top_logprobs(out.prompt_logprobs),
     )
 
 
 def _top_logprobs(logprobs: Any) -> list[dict[int, float]] | None:
-    """vLLM's per-position ``{token: Logprob}`` as plain ``{token: logprob}`` (None unasked)."""
+    """vLLM's per-position ``{token: Logprob}`` as plain ``{token: logprob}`` (None unasked;
+    a prompt's first position, which has none, as an empty mapping)."""
     if logprobs is None:
         return None
-    return [{t: lp.logprob for t, lp in pos.items()} for pos in logprobs]
+    return [{t: lp.logprob for t, lp in (pos or {}).items()} for pos in logprobs]
 
 
 @dataclass
@@ -218,8 +220,8 @@ class VllmEngine:
         """Hand one row to vLLM; raises what vLLM raises when it rejects the row."""
         self._poisoned = self._poisoned or faults.is_poison(req.row_id)
         params = self._params
-        if req.seed is not None:
-            params = sampling_params(self.spec, req.seed, self.logprobs)
+        if req.seed is not None or req.sampling is not None:
+            params = sampling_params(self.spec, req.seed, self.logprobs, req.sampling)
         self.engine.add_request(request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
 
     def next_request_id(self) -> int:

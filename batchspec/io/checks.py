@@ -95,7 +95,7 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
     inp = spec.input
     check_output_dir(spec.output_dir)
     files = spec.input_files()
-    types = check_columns(files, inp)
+    types = check_columns(files, inp, spec.sampling)
     clash = sorted(RESERVED.intersection(inp.passthrough_columns))
     if clash:
         raise UserError(
@@ -133,7 +133,7 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
     if not units:
         raise UserError(f"input.path: {inp.path} holds no rows")
     check_ids(files, inp.id_column, limit)
-    reader = UnitReader(inp, spec.output.unit_rows, units)
+    reader = UnitReader(inp, spec.output.unit_rows, units, spec.sampling)
     warnings = domain_warnings(spec, units, limit)
     for warning in warnings:
         print(f"batchspec: warning: {warning}", file=sys.stderr)

@@ -18,24 +18,29 @@ import pyarrow.parquet as pq
 from batchspec.errors import UserError
 from batchspec.io.reader import UnitReader, required_columns
 from batchspec.spec import InputSpec
+from batchspec.spec_sampling import SamplingSpec
 from batchspec.units import RowRequest, UnitRequests, WorkUnit
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
-def row_seed(seed: int, file_index: int, row: int) -> int:
-    """A row's sampling seed: a 63-bit hash of (seed, file, row).
+def row_seed(seed: int, file_index: int, row: int, sample: int = 0) -> int:
+    """A row's sampling seed: a 63-bit hash of (seed, file, row), and of the sample's index
+    for a prompt's samples after its first (``sampling.n``; sample 0 keeps the row's seed).
 
     A hash, not ``seed + row``: with a sum, seed s row i+1 would sample exactly like seed s+1
     row i, so two runs with neighbouring seeds would share all but one of their samples.
     """
-    digest = hashlib.blake2b(f"{seed}:{file_index}:{row}".encode(), digest_size=8).digest()
+    key = f"{seed}:{file_index}:{row}" + (f":{sample}" if sample else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
-def check_columns(files: list[Path], spec: InputSpec) -> dict[str, pa.DataType]:
+def check_columns(
+    files: list[Path], spec: InputSpec, sampling: SamplingSpec | None = None
+) -> dict[str, pa.DataType]:
     """Every needed column present in every file with one type; returns the types."""
-    wanted = required_columns(spec)
+    wanted = required_columns(spec, sampling)
     types: dict[str, pa.DataType] = {}
     for path in files:
         try:
@@ -44,7 +49,7 @@ def check_columns(files: list[Path], spec: InputSpec) -> dict[str, pa.DataType]:
             raise UserError(f"{path}: not a readable Parquet file ({exc})") from None
         for col in wanted:
             if col not in schema.names:
-                field_name = _field_of(spec, col)
+                field_name = _field_of(spec, col, sampling)
                 raise UserError(f"{path}: {field_name} {col!r} is not a column of the file")
             typ = schema.field(col).type
             if col in types and types[col] != typ:
@@ -63,6 +68,10 @@ def check_columns(files: list[Path], spec: InputSpec) -> dict[str, pa.DataType]:
             f"{files[0]}: input.messages_column {prompt_col!r} must hold lists of "
             f"{{role: string, content: string}} structs, not {prompt_type}"
         )
+    for key, col in (sampling.columns if sampling is not None else {}).items():
+        typ = types[col]
+        if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_null(typ)):
+            raise UserError(f"sampling.columns.{key}: column {col!r} must hold numbers, not {typ}")
     return types
 
 
@@ -80,10 +89,13 @@ def _is_chat(typ: pa.DataType) -> bool:
     )
 
 
-def _field_of(spec: InputSpec, col: str) -> str:
+def _field_of(spec: InputSpec, col: str, sampling: SamplingSpec | None = None) -> str:
     for name in ("id_column", "prompt_column", "messages_column", "domain_column"):
         if getattr(spec, name) == col:
             return f"input.{name}"
+    for key, named in (sampling.columns if sampling is not None else {}).items():
+        if named == col:
+            return f"sampling.columns.{key}"
     return "input.passthrough_columns entry"
 
 
@@ -106,7 +118,9 @@ def _messages_error(messages: Any) -> str | None:
 
 
 class PromptBuilder:
-    """Turns a unit's rows into token ids with the target's tokenizer and chat template."""
+    """Turns a unit's rows into token ids with the target's tokenizer and chat template; with
+    ``sampling``, each row into its ``n`` samples (one request each, row by row, sample by
+    sample) with the row's settings from its columns (``sampling.columns``)."""
 
     def __init__(
         self,
@@ -115,14 +129,16 @@ class PromptBuilder:
         max_model_len: int,
         seed: int | None,
         reader: UnitReader | None = None,
+        sampling: SamplingSpec | None = None,
     ):
         self.spec = spec
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.seed = seed
-        self.reader = reader or UnitReader(spec)
+        self.sampling = sampling
+        self.reader = reader or UnitReader(spec, sampling=sampling)
         """Where units' rows come from: a run passes one that reads staged copies."""
-        self.columns = required_columns(spec)
+        self.columns = required_columns(spec, sampling)
 
     def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if self.spec.system_prompt is not None and messages[0]["role"] != "system":
@@ -166,19 +182,33 @@ class PromptBuilder:
             if ids is not None and len(ids) > self.max_model_len:
                 error = f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}"
                 ids = None
-            seed = None if self.seed is None else row_seed(self.seed, unit.file_index, row)
-            out.rows.append(
-                RowRequest(
-                    row=row,
-                    row_id=data[spec.id_column][i],
-                    domain=unit.domain,
-                    passthrough={c: data[c][i] for c in spec.passthrough_columns},
-                    prompt_token_ids=ids,
-                    error=error,
-                    seed=seed,
+            settings, bad = self._row_sampling(data, i)
+            for j in range(self.sampling.n if self.sampling is not None else 1):
+                seed = None if self.seed is None else row_seed(self.seed, unit.file_index, row, j)
+                out.rows.append(
+                    RowRequest(
+                        row=row,
+                        row_id=data[spec.id_column][i],
+                        domain=unit.domain,
+                        passthrough={c: data[c][i] for c in spec.passthrough_columns},
+                        prompt_token_ids=None if error or bad else ids,
+                        error=error or bad,
+                        seed=seed,
+                        sample_index=j,
+                        sampling=settings,
+                    )
                 )
-            )
         if positions is not None:
             out.rows = [out.rows[i] for i in positions]
             out.positions = positions
         return out
+
+    def _row_sampling(
+        self, data: dict[str, list], i: int
+    ) -> tuple[SamplingSpec | None, str | None]:
+        """Row ``i``'s settings where its columns set some (None: the job's), or its error."""
+        if self.sampling is None or not self.sampling.columns:
+            return None, None
+        values = {key: data[col][i] for key, col in self.sampling.columns.items()}
+        settings, error = self.sampling.for_row(values)
+        return (None if settings is self.sampling else settings), error

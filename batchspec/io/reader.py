@@ -18,15 +18,19 @@ import pyarrow.parquet as pq
 from batchspec.io.layout import OutDir
 from batchspec.io.staging import ROW, StagedCopy, needs_staging, stage_file, staged_name
 from batchspec.spec import InputSpec
+from batchspec.spec_sampling import SamplingSpec
 from batchspec.units import WorkUnit
 
 
-def required_columns(spec: InputSpec) -> list[str]:
-    """The input columns a job reads: id, prompt or messages, domain, pass-through."""
+def required_columns(spec: InputSpec, sampling: SamplingSpec | None = None) -> list[str]:
+    """The input columns a job reads: id, prompt or messages, domain, pass-through, and the
+    per-row sampling settings' (``sampling.columns``)."""
     cols = [spec.id_column, spec.prompt_column or spec.messages_column]
     if spec.domain_column:
         cols.append(spec.domain_column)
     cols.extend(spec.passthrough_columns)
+    if sampling is not None:
+        cols.extend(sampling.columns.values())
     return [c for c in dict.fromkeys(cols) if c is not None]
 
 
@@ -75,9 +79,13 @@ class UnitReader:
     CACHED_FILES = 8
 
     def __init__(
-        self, spec: InputSpec, unit_rows: int | None = None, units: Iterable[WorkUnit] = ()
+        self,
+        spec: InputSpec,
+        unit_rows: int | None = None,
+        units: Iterable[WorkUnit] = (),
+        sampling: SamplingSpec | None = None,
     ):
-        self.columns = required_columns(spec)
+        self.columns = required_columns(spec, sampling)
         self.domain_column = spec.domain_column
         self.unit_rows = unit_rows
         self.stops: dict[str, int] = {}

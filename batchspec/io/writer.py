@@ -26,7 +26,12 @@ from batchspec.io.temps import FileLock, fsync_dir
 from batchspec.units import RowResult, SpecStats, UnitResult
 
 # Columns every output has after id, domain and the pass-through columns (README: Output schema).
+LOGPROBS_TYPE = pa.list_(
+    pa.list_(pa.struct([pa.field("token_id", pa.int32()), pa.field("logprob", pa.float32())]))
+)
+"""Per position, the generated (or prompt) token's log-probability first, then the top k."""
 RESULT_FIELDS: list[pa.Field] = [
+    pa.field("sample_index", pa.int32()),
     pa.field("generated_text", pa.string()),
     pa.field("num_prompt_tokens", pa.int32()),
     pa.field("num_output_tokens", pa.int32()),
@@ -40,6 +45,8 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("acceptance_rate", pa.float64()),
     pa.field("mean_acceptance_length", pa.float64()),
     pa.field("acceptance_histogram", pa.list_(pa.int32())),
+    pa.field("logprobs", LOGPROBS_TYPE),
+    pa.field("prompt_logprobs", LOGPROBS_TYPE),
     pa.field("queue_s", pa.float64()),
     pa.field("ttft_s", pa.float64()),
     pa.field("decode_s", pa.float64()),
@@ -99,6 +106,7 @@ def result_row(r: RowResult, unit_id: str, result: UnitResult) -> dict[str, Any]
     req = r.request
     row: dict[str, Any] = {"id": req.row_id, "domain": req.domain, **req.passthrough}
     row["unit_id"] = unit_id
+    row["sample_index"] = req.sample_index
     # A row whose prompt failed (null, malformed, too long) never reached an engine: null.
     row["engine"] = result.engine if req.error is None else None
     if r.error is not None:
@@ -113,7 +121,23 @@ def result_row(r: RowResult, unit_id: str, result: UnitResult) -> dict[str, Any]
         finish_reason=r.finish_reason,
         **_timing(r.timing, r.num_output_tokens),
     )
+    if r.top_logprobs is not None and r.token_ids is not None:
+        row["logprobs"] = logprob_lists(r.top_logprobs, r.token_ids)
+    if r.prompt_logprobs is not None and req.prompt_token_ids is not None:
+        row["prompt_logprobs"] = logprob_lists(r.prompt_logprobs, req.prompt_token_ids)
     return row
+
+
+def logprob_lists(per_pos: list[dict[int, float]], chosen: list[int]) -> list[list[dict]]:
+    """Each position's ``{token: logprob}`` as the column's list: the position's own token
+    first (where the engine reported it), then the others by log-probability, best first;
+    the same order whichever engine made them."""
+    out = []
+    for tops, tok in zip(per_pos, chosen, strict=False):
+        rest = sorted((t for t in tops if t != tok), key=lambda t: -tops[t])
+        first = [tok] if tok in tops else []
+        out.append([{"token_id": t, "logprob": tops[t]} for t in first + rest])
+    return out
 
 
 def unit_table(result: UnitResult, schema: pa.Schema) -> pa.Table:

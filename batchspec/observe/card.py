@@ -8,6 +8,7 @@ output column to it): a dataset's user reads the card, not batchspec's source.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +27,15 @@ def _size_category(rows: int) -> str:
 
 
 COLUMN_DOCS = {
+    "sample_index": "which of the prompt's `sampling.n` samples the row is, 0..n-1 (0 with one "
+    "sample per prompt); a prompt's samples are consecutive rows, each with a seed of its own",
     "generated_text": "the completion (null in an error row)",
+    "replayed_k": "the K (draft tokens per step) the row was replayed at: the job's `k_grid`; "
+    "null where the row was not replayed (error rows, drafts that need a model, rows left out "
+    "to keep replay under 1% of generation time)",
+    "replayed_accepted": "per K of `replayed_k`, the draft tokens the job's drafter, replayed "
+    "over this row's prompt and output, would have had accepted (at the K that ran: the real "
+    "count; sampled rows at other K: an unbiased estimate)",
     "num_prompt_tokens": "prompt tokens the model read, after the chat template",
     "num_output_tokens": "tokens generated",
     "finish_reason": "`stop` (end of sequence or a stop string) or `length` (`max_tokens`)",
@@ -44,6 +53,11 @@ COLUMN_DOCS = {
     "mean_acceptance_length": "`1 + num_accepted_tokens / num_spec_steps`: tokens per verify step",
     "acceptance_histogram": "verify steps by the number of drafts accepted, index 0..K (tree "
     "engine: by accepted depth); sums to `num_spec_steps`",
+    "logprobs": "per generated token, a list of (token_id, logprob): the generated token's "
+    "first, then the target's top `sampling.logprobs` tokens, best first; raw model "
+    "log-probabilities (before penalties, temperature, top-k/top-p), null unless asked",
+    "prompt_logprobs": "the same per prompt token (`sampling.prompt_logprobs`, vLLM; the "
+    "first prompt token's list is empty); null unless asked",
     "queue_s": "seconds the row waited in the engine before it was first scheduled",
     "ttft_s": "seconds from queued to the first token",
     "decode_s": "seconds from the first to the last token",
@@ -173,7 +187,21 @@ def summary(spec: dict[str, Any], schema: pa.Schema, counts: dict[str, Any]) -> 
 - **speculative decoding**: `{spec_s["method"]}`, K `{spec_s["num_speculative_tokens"]}`,
   adaptive `{spec_s.get("adaptive")}`{draft}
 - **sampling**: temperature `{sampling["temperature"]}`, top_p `{sampling.get("top_p")}`,
-  max_tokens `{sampling["max_tokens"]}`, seed `{sampling.get("seed")}`"""
+  max_tokens `{sampling["max_tokens"]}`, seed `{sampling.get("seed")}`{_more_sampling(sampling)}"""
+
+
+def _more_sampling(sampling: dict[str, Any]) -> str:
+    """The sampling keys a synthetic-data job adds, where set (n, per-row columns, penalties,
+    logprobs, structured output)."""
+    quiet = {"n": 1, "columns": {}, "min_tokens": 0, "repetition_penalty": 1.0}
+    quiet |= {"frequency_penalty": 0.0, "presence_penalty": 0.0}
+    keys = [*quiet, "logprobs", "prompt_logprobs", "json_schema", "regex", "choice"]
+    shown = [
+        f"{k} `{json.dumps(sampling[k])}`"
+        for k in keys
+        if sampling.get(k, quiet.get(k)) not in (None, quiet.get(k))
+    ]
+    return (",\n  " + ", ".join(shown)) if shown else ""
 
 
 def dataset_card(

@@ -80,6 +80,8 @@ class Columns:
     schema: pa.Schema
     """Today's output schema for the run's input types, the prompt column before the
     generation: what every exported row has, whatever version wrote its part."""
+    n: int = 1
+    """Samples per prompt (``sampling.n``): rows per input row, consecutive in a part."""
 
     @property
     def read(self) -> list[str]:
@@ -103,7 +105,8 @@ def dataset_columns(job: dict[str, Any], files: list[Path], prompts: bool) -> Co
     else:
         at = schema.get_field_index("generated_text")
         schema = schema.insert(at, pa.field(prompt, types.field(prompt).type))
-    return Columns(inp["id_column"], inp.get("domain_column"), prompt, schema)
+    n = job["spec"].get("sampling", {}).get("n", 1)
+    return Columns(inp["id_column"], inp.get("domain_column"), prompt, schema, n)
 
 
 def load_job_record(out: OutDir) -> dict[str, Any]:
@@ -199,18 +202,30 @@ def _check_ids(
     want: pa.Array,
     keep: np.ndarray,
     id_col: str,
+    n: int = 1,
 ) -> None:
-    """The chunk's ids, in input order, are the input's: else the first wrong one, named."""
+    """The chunk's (id, sample_index) pairs, in input order, are the input's ids each with
+    its samples 0..n-1: else the first wrong one, named."""
     got = rows.column("id").combine_chunks()
-    want = want.cast(got.type)
-    if got.equals(want):
+    want = want.cast(got.type).take(pa.array(np.repeat(np.arange(len(want)), n)))
+    samples = pc.fill_null(rows.column("sample_index"), 0).to_numpy(zero_copy_only=False)
+    sample_ok = samples == np.tile(np.arange(n), len(want) // n)
+    if got.equals(want) and sample_ok.all():
         return
     same = pc.fill_null(pc.equal(got, want), False).to_numpy(zero_copy_only=False)
-    bad = int(np.flatnonzero(~same)[0])
+    bad = int(np.flatnonzero(~(same & sample_ok))[0])
     unit = rows.column("unit_id")[bad].as_py()
+    where = (
+        f"({id_col}, row {units[0].start + int(np.flatnonzero(keep)[bad // n])} of {units[0].path})"
+    )
+    if not same[bad]:
+        raise UserError(
+            f"{out.part(unit)}: id {got[bad].as_py()!r} where the input has "
+            f"{want[bad].as_py()!r} {where}"
+        )
     raise UserError(
-        f"{out.part(unit)}: id {got[bad].as_py()!r} where the input has {want[bad].as_py()!r} "
-        f"({id_col}, row {units[0].start + int(np.flatnonzero(keep)[bad])} of {units[0].path})"
+        f"{out.part(unit)}: id {got[bad].as_py()!r} sample_index {int(samples[bad])} where "
+        f"sample {bad % n} of {n} belongs {where}"
     )
 
 
@@ -223,8 +238,11 @@ def chunk_rows(
     tables = []
     for u in done:
         t = read_part(out.part(u.unit_id), cols.schema)
-        if t.num_rows != u.num_rows:
-            raise UserError(f"{out.part(u.unit_id)}: {t.num_rows} rows, its unit has {u.num_rows}")
+        if t.num_rows != u.num_rows * cols.n:
+            raise UserError(
+                f"{out.part(u.unit_id)}: {t.num_rows} rows, its unit has {u.num_rows} "
+                f"x {cols.n} sample(s)"
+            )
         tables.append(t)
     domains = inputs.column(cols.domain).combine_chunks() if cols.domain else None
     if domains is not None and not pa.types.is_string(domains.type):
@@ -233,14 +251,17 @@ def chunk_rows(
     keep = order >= 0
     if not tables:
         return None
-    rows = pa.concat_tables(tables).take(pa.array(order[keep]))
+    n = cols.n
+    # A prompt's n samples are consecutive in its part: row r's are r*n .. r*n+n-1.
+    taken = (order[keep][:, None] * n + np.arange(n)).ravel()
+    rows = pa.concat_tables(tables).take(pa.array(taken))
     mask = pa.array(keep)
-    _check_ids(
-        out, units, rows, inputs.column(cols.id).combine_chunks().filter(mask), keep, cols.id
-    )
+    ids = inputs.column(cols.id).combine_chunks().filter(mask)
+    _check_ids(out, units, rows, ids, keep, cols.id, n)
     if cols.prompt is not None:
         at = cols.schema.get_field_index(cols.prompt)
-        prompts = inputs.column(cols.prompt).filter(mask)
+        prompts = inputs.column(cols.prompt).filter(mask).combine_chunks()
+        prompts = prompts.take(pa.array(np.repeat(np.arange(len(prompts)), n)))
         rows = rows.set_column(at, cols.schema.field(at), prompts)
     return rows
 
@@ -309,7 +330,7 @@ def export_dataset(
         result.rows = writer.rows
         result.shards = len(shards)
         result.bytes = sum(p.stat().st_size for p in shards)
-        result.missing_rows = sum(u.num_rows for u in units) - result.rows
+        result.missing_rows = sum(u.num_rows for u in units) * cols.n - result.rows
         result.missing_rows -= 0 if include_errors else result.error_rows
         _, table, _ = full_report(out)
         counts = {

@@ -140,6 +140,7 @@ class Worker:
             engine.max_model_len,
             self.spec.sampling.seed,
             self.reader,
+            self.spec.sampling,
         )
         ex = self.spec.execution
         source = ClaimingSource(

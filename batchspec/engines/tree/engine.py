@@ -74,7 +74,7 @@ class TreeEngine:
         """The largest K a unit may ask for: the cache's room for a tree behind the longest row."""
         self.stops = Stops(target.eos_ids, list(spec.sampling.stop), self.tokenizer)
         self.drafter = open_drafter(spec, min(max_k(spec, k), self.k_cap), self.model)
-        self.logprobs = logprobs
+        self.logprobs = spec.sampling.logprobs_for(logprobs)
         self.free = list(range(spec.model.max_num_seqs))
         """Free slots, a heap: rows take the lowest, so rows in flight stay adjacent (cheap)."""
         self.rows: list[TreeRow] = []
@@ -83,6 +83,8 @@ class TreeEngine:
         self.rng = self._generator(spec.model.seed)
         """Rows without a seed of their own draw from this one, in the order they step."""
         self.planted = planted.planted_on()
+        self.shared_prefills = 0
+        """Prompts copied from a row in flight instead of computed (a prompt's n samples)."""
         self.build_s = time.perf_counter() - started
 
     def _method(self, k: int) -> str:
@@ -154,9 +156,11 @@ class TreeEngine:
         gen = self._generator(req.seed) if req.seed is not None else self.rng
         row = TreeRow(
             req, owner, index, heapq.heappop(self.free),
-            max_tokens=min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt)),
+            max_tokens=min(
+                (req.sampling or self.spec.sampling).max_tokens, self.max_model_len - len(prompt)
+            ),
             generator=gen, queued=time.monotonic(),
-            logprobs=[] if self.logprobs else None, k=self.unit_k(owner.unit),
+            logprobs=[] if self.logprobs is not None else None, k=self.unit_k(owner.unit),
         )  # fmt: skip
         row.scheduled = time.monotonic()
         try:
@@ -164,7 +168,11 @@ class TreeEngine:
         except Exception as exc:
             raise EngineFailure(f"tree engine prefill failed: {exc!r}") from exc
         first = self._choose(logits.unsqueeze(0), gen)
-        lps = top_logprobs(logits.unsqueeze(0), [first]) if self.logprobs else None
+        lps = (
+            top_logprobs(logits.unsqueeze(0), [first], self.logprobs)
+            if self.logprobs is not None
+            else None
+        )
         row.emit([first], self.stops, lps)
         if self._drafts(row):
             self.drafter.extend(row.slot, [first])
@@ -179,6 +187,7 @@ class TreeEngine:
         twin = self.by_prompt.get(key)
         if twin is not None and twin.req.prompt_token_ids == prompt and twin in self.rows:
             self.model.share_prefix(twin.slot, row.slot, len(prompt))
+            self.shared_prefills += 1
             row.prefill_logits = twin.prefill_logits
         else:
             twin = None
@@ -249,7 +258,11 @@ class TreeEngine:
         kept = [0, *path]
         self.model.commit(row.slot, kept)
         emitted = [tree.tokens[i] for i in path] + [bonus]
-        lps = top_logprobs(logits[kept], emitted) if self.logprobs else None
+        lps = (
+            top_logprobs(logits[kept], emitted, self.logprobs)
+            if self.logprobs is not None
+            else None
+        )
         n = row.emit(emitted, self.stops, lps)
         cap = min(row.k, self._depth_cap(row))
         row.count_step(tree.size - 1, max(tree.depths()), len(path), n, cap)

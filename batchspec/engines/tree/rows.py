@@ -176,11 +176,13 @@ class Stops:
         return text[:cut]
 
 
-def top_logprobs(logits: torch.Tensor, chosen: list[int]) -> list[dict[int, float]]:
-    """Per position (rows of ``logits``), the target's top log-probabilities and the chosen
-    token's, from the raw logits as vLLM reports them."""
+def top_logprobs(
+    logits: torch.Tensor, chosen: list[int], k: int = LOGPROB_TOP
+) -> list[dict[int, float]]:
+    """Per position (rows of ``logits``), the target's top-``k`` log-probabilities and the
+    chosen token's, from the raw logits as vLLM reports them."""
     lp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-    top = torch.topk(lp, LOGPROB_TOP, dim=-1)
+    top = torch.topk(lp, k, dim=-1)
     out = []
     for i, tok in enumerate(chosen):
         entry = dict(zip(top.indices[i].tolist(), top.values[i].tolist(), strict=True))
