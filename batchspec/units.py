@@ -141,10 +141,6 @@ class RowResult:
       samples the row is, 0 for n=1. It joins the row's identity: export's id check and its
       input order compare (id, sample_index), and a unit's part holds its rows' samples in
       order (row by row, sample by sample).
-    - ``replayed_accepted: list[int]`` (``replayed_accepted``, list<int32>): per K of a grid,
-      the draft tokens a drafter replayed over the finished row would have had accepted;
-      the grid itself is recorded once per run (the manifest), not per row. A field of
-      ``SpecStats`` if the engine replays as it runs, of the row otherwise.
     - ``top_logprobs`` (below), written as ``logprobs``: list<list<struct<token_id: int32,
       logprob: float32>>>, per generated position the target's top tokens with the chosen
       one's; null unless the job asks for logprobs.
@@ -167,6 +163,10 @@ class RowResult:
     engine was opened with ``logprobs`` (``batchspec verify``)."""
     prompt_logprobs: list[dict[int, float]] | None = None
     """The same per prompt position (``sampling.prompt_logprobs``; vLLM: none at the first)."""
+    replayed: dict[int, int] | None = None
+    """Per K of the job's grid, the draft tokens its drafter, replayed over this finished row,
+    would have had accepted (``speculation/replay.py``; columns ``replayed_k`` and
+    ``replayed_accepted``); None where the row was not replayed."""
 
     @property
     def running_s(self) -> float | None:

@@ -242,7 +242,11 @@ def test_a_never_measured_neighbour_k_is_probed_only_when_much_work_is_left(tmp_
 
 
 def test_units_ride_along_at_a_neighbouring_k_up_to_the_explore_share(tmp_path) -> None:
+    """Only where drafts cannot be replayed: n-gram acceptance comes from replay, so no unit
+    of an n-gram job ever runs away from its planned K."""
     policy = policy_with_rates(tmp_path, {("a", 0): 10.0, ("a", 1): 14.0})
+    assert policy.replays and not any(policy.explores("a", 1, 0) for _ in range(100))
+    policy.replays = False  # as for drafts that need a model
     assert not policy.explores("a", 3, 0)  # not a grid neighbour of K=3
     rode = 0
     for _ in range(100):
@@ -250,3 +254,66 @@ def test_units_ride_along_at_a_neighbouring_k_up_to_the_explore_share(tmp_path) 
         rode += ride
         policy.taken("a", explored=ride)
     assert rode == 5  # explore = 0.05 of the units
+
+
+# -- replayed acceptance and profiled step cost --------------------------------------------
+
+
+def replayed_observation(domain: str, k: int, per_k: dict[int, int], rows: int = 10) -> Observation:
+    """``rows`` rows of 101 tokens that ran at K, replayed at every K of ``per_k`` (accepted
+    drafts of each row's 100 decode tokens)."""
+    ob = Observation(domain, k, 8, rows=rows, output_tokens=101 * rows, running_s=10.0 * rows)
+    ob.add_replay([[kk, 100 * rows, a * rows] for kk, a in per_k.items()])
+    return ob
+
+
+def test_replay_and_a_profile_price_every_k_without_running_it() -> None:
+    """Two domains ran only at K=3. Replay says "easy" accepts 60 of 100 decode tokens at
+    K=3 (tokens per step 2.5) and "hard" 5 (1.05); the profile says a step at K costs
+    1 + 0.1 K. Easy: K=3 gives 2.5/1.3 = 1.92 per unit time against K=0's 1 and K=1's
+    (100/60)/1.1 = 1.52: K=3. Hard: K=0 (1.0) beats K=1 (1.04/1.1) and K=3 (1.05/1.3),
+    though K=0 never ran: plain decoding is always a candidate."""
+    ctl = Controller(8, [0, 1, 3], 3, step_cost=lambda k: 1.0 + 0.1 * k)
+    ctl.add(replayed_observation("easy", 3, {0: 0, 1: 40, 3: 60}))
+    ctl.add(replayed_observation("hard", 3, {0: 0, 1: 4, 3: 5}))
+    easy, hard = ctl.choose("easy"), ctl.choose("hard")
+    assert easy.k == 3 and hard.k == 0
+    assert easy.replayed == pytest.approx({0: 1.0, 1: 100 / 60, 3: 2.5})
+    assert easy.measured == [3] and hard.measured == [3]
+    # Rates: tokens per step over the profiled step, scaled to the measured rate at K=3.
+    assert hard.rates[0] / hard.rates[3] == pytest.approx(1.3 / (100 / 95))
+    # Without a profile, the unmeasured K have no step time: only K=3 is known.
+    plain = Controller(8, [0, 1, 3], 3)
+    plain.add(replayed_observation("hard", 3, {0: 0, 1: 4, 3: 5}))
+    assert plain.choose("hard").k == 3 and set(plain.choose("hard").rates) == {3}
+
+
+def test_replay_from_another_batch_size_still_tells_acceptance() -> None:
+    ctl = Controller(8, [0, 1, 3], 3, step_cost=lambda k: 1.0 + 0.1 * k)
+    ob = replayed_observation("hard", 3, {0: 0, 1: 4, 3: 5})
+    ob.batch = 1
+    ctl.add(ob)
+    assert ctl.replayed("hard")[3] == pytest.approx(100 / 95)
+    assert ctl.measured_k("hard") == []
+
+
+def test_an_engine_that_takes_k_per_unit_gets_every_domain_at_its_best_k(tmp_path) -> None:
+    """A tree engine with a profile: no engine plan, no probe; the scheduler hands out units
+    in plan order, whatever their domain, each with its domain's K, and none explores."""
+    from batchspec.units import WorkUnit
+    from batchspec.work.scheduler import Scheduler
+
+    policy = policy_with_rates(tmp_path, {})
+    policy.engine_up(True, type("Profile", (), {"seconds": lambda self, b, k: 1 + 0.1 * k})())
+    policy.ctl.add(replayed_observation("easy", 3, {0: 0, 1: 40, 3: 60}))
+    policy.ctl.add(replayed_observation("hard", 3, {0: 0, 1: 4, 3: 5}))
+    policy.measured_start(1.0)
+    decision = policy.decide({"easy": 100_000, "hard": 100_000}, 3)
+    assert decision.plan == {"easy": 3, "hard": 0} and decision.probe is None
+    units = [WorkUnit(0, "x", i, i + 1, d, 1) for i, d in enumerate(["hard", "easy", "hard"])]
+    sched = Scheduler(units, policy)
+    k, first = sched.next_engine(3)
+    assert (k, first) == (3, units[0]) and sched.unit_k(first) == 0
+    taken = [sched.next_unit(3), sched.next_unit(3)]
+    assert taken == units[1:] and [sched.unit_k(u) for u in taken] == [3, 0]
+    assert sched.next_unit(3) is None and policy.explored == 0

@@ -45,6 +45,8 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("acceptance_rate", pa.float64()),
     pa.field("mean_acceptance_length", pa.float64()),
     pa.field("acceptance_histogram", pa.list_(pa.int32())),
+    pa.field("replayed_k", pa.list_(pa.int32())),
+    pa.field("replayed_accepted", pa.list_(pa.int32())),
     pa.field("logprobs", LOGPROBS_TYPE),
     pa.field("prompt_logprobs", LOGPROBS_TYPE),
     pa.field("queue_s", pa.float64()),
@@ -121,6 +123,8 @@ def result_row(r: RowResult, unit_id: str, result: UnitResult) -> dict[str, Any]
         finish_reason=r.finish_reason,
         **_timing(r.timing, r.num_output_tokens),
     )
+    if r.replayed is not None:  # speculation/replay.py: accepted drafts per K of the grid
+        row["replayed_k"], row["replayed_accepted"] = list(r.replayed), list(r.replayed.values())
     if r.top_logprobs is not None and r.token_ids is not None:
         row["logprobs"] = logprob_lists(r.top_logprobs, r.token_ids)
     if r.prompt_logprobs is not None and req.prompt_token_ids is not None:

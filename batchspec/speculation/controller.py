@@ -35,6 +35,7 @@ class Controller:
         k_grid: Iterable[int],
         default_k: int,
         fixed: Callable[[str | None], int | None] | None = None,
+        step_cost: Callable[[int], float] | None = None,
     ):
         self.batch = batch
         self.k_grid = sorted(set(k_grid))
@@ -42,6 +43,9 @@ class Controller:
         self.fixed_k = fixed or (lambda domain: None)
         """A domain's K when the user fixed it (``SpeculativeSpec.fixed_k``), never changed;
         None where the controller chooses."""
+        self.step_cost = step_cost
+        """Seconds of one step at K for this batch size, profiled (the tree engine's
+        ``StepProfile``); None: step times only from measured rates (vLLM)."""
         self.obs: dict[tuple[str | None, int], Observation] = {}
         self.version = 0
         """Counts the observations taken in: predictions change only when it does."""
@@ -56,6 +60,9 @@ class Controller:
         """Per domain and K: rows with a rate, and the sums of their rates and squares."""
         self._rate_sum = np.zeros_like(self._running)
         self._rate_sq = np.zeros_like(self._running)
+        self._replay_tokens = np.zeros_like(self._running)
+        """Per domain and K: replayed rows' decode tokens, and the drafts replay accepted."""
+        self._replay_accepted = np.zeros_like(self._running)
         self._produced = np.zeros((0, 2))
         """Per domain, over every K: rows and output tokens."""
         self._table: _Table | None = None
@@ -63,13 +70,21 @@ class Controller:
     # -- input ---------------------------------------------------------------------------
 
     def add(self, ob: Observation) -> None:
-        if ob.batch != self.batch or ob.rows == 0:
+        if ob.rows == 0:
+            return
+        i = self._row(ob.domain, max([ob.k, *(k for k, _, _ in ob.replay)]))
+        # Replayed acceptance holds at any batch size; the rest is this batch size's.
+        for k, tokens, accepted in ob.replay:
+            self._replay_tokens[i, k] += tokens
+            self._replay_accepted[i, k] += accepted
+        self.version += 1
+        self._table = None
+        if ob.batch != self.batch:
             return  # another batch size has other step costs
         key = (ob.domain, ob.k)
         if key not in self.obs:
             self.obs[key] = Observation(ob.domain, ob.k, ob.batch)
         self.obs[key].merge(ob)
-        i = self._row(ob.domain, ob.k)
         self._running[i, ob.k] += ob.running_s
         self._tokens[i, ob.k] += ob.output_tokens
         self._rated[i, ob.k] += ob.rated
@@ -78,8 +93,6 @@ class Controller:
         self._produced[i] += (ob.rows, ob.output_tokens)
         if ob.k > 0:
             self._acceptance[i] += (ob.accepted, ob.rejections, ob.spec_steps, ob.decode_steps)
-        self.version += 1
-        self._table = None
 
     def _row(self, domain: str | None, k: int) -> int:
         """The domain's row in the arrays, grown (doubling) for a new domain or a larger K."""
@@ -88,6 +101,7 @@ class Controller:
         if i >= rows or k >= cols:
             grow = max(rows, 2 * i + 1)
             per_k = ("_running", "_tokens", "_rated", "_rate_sum", "_rate_sq")
+            per_k += ("_replay_tokens", "_replay_accepted")
             widths = dict.fromkeys(per_k, max(cols, k + 1)) | {"_acceptance": 4, "_produced": 2}
             for name, width in widths.items():
                 old = getattr(self, name)
@@ -115,6 +129,22 @@ class Controller:
         tokens = np.array([self._produced[i, 1] if i >= 0 else 0.0 for i in at])
         return np.divide(tokens, rows, out=np.full(len(at), float(default)), where=rows > 0)
 
+    def replayed(self, domain: str | None) -> dict[int, float]:
+        """Tokens per decode step at each K of the grid, from replayed rows (``replay``)."""
+        if domain not in self.index:
+            return {}
+        i = self.index[domain]
+        out = {}
+        for k in self.k_grid:
+            tokens = self._replay_tokens[i, k] if k < self._replay_tokens.shape[1] else 0.0
+            if tokens > 0:
+                out[k] = float(tokens / max(tokens - self._replay_accepted[i, k], 1.0))
+        return out
+
+    def measured_k(self, domain: str | None) -> list[int]:
+        """The K of the grid this domain's rows ran at (at this batch size)."""
+        return [k for k in self.k_grid if (domain, k) in self.obs]
+
     def step_times(self) -> dict[int, float]:
         """Seconds per step at each measured K, pooled over domains (token-weighted)."""
         return self._current().steps
@@ -127,9 +157,10 @@ class Controller:
         i = self.index.get(domain, t.blank)
         rates = {k: float(r) for k, r in zip(self.k_grid, t.rates[i], strict=True) if r == r}
         model = self.domain_model(domain)
+        seen = self.replayed(domain), self.measured_k(domain)
         if model.accepted + model.rejections == 0:
-            return Choice(domain, int(t.k[i]), None, None, rates)
-        return Choice(domain, int(t.k[i]), model.alpha, model.alpha_std, rates)
+            return Choice(domain, int(t.k[i]), None, None, rates, *seen)
+        return Choice(domain, int(t.k[i]), model.alpha, model.alpha_std, rates, *seen)
 
     def table(self, domains: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
         """Rates (rows: ``domains``, columns: ``k_grid``; NaN where unknown) and chosen K of
@@ -164,7 +195,8 @@ class _Table:
         )
         grid = np.array(ctl.k_grid)
         step = self._steps(ctl, alpha[:n], coverage[:n], grid)
-        predicted = tokens_per_step(alpha[:, None], coverage[:, None], grid[None, :]) / step
+        per_step = replayed_per_step(ctl, alpha, coverage, grid)
+        predicted = per_step / step
         running, tokens = ctl._running[:n, grid], ctl._tokens[:n, grid]
         measured = np.full_like(predicted, np.nan)
         long_enough = (running > 0) & (tokens >= MIN_RATE_TOKENS)
@@ -181,7 +213,9 @@ class _Table:
         zero = known[:, 0] if grid[0] == 0 else np.zeros(n + 1, dtype=bool)
         # Ties go to the smaller K (the grid is sorted; argmax takes the first maximum).
         best = grid[np.argmax(np.where(known, self.rates, -np.inf), axis=1)]
-        default = ~known.any(axis=1) | ((accepted + rejections == 0) & ~zero)
+        replayed = np.zeros(n + 1, dtype=bool)
+        replayed[:n] = (ctl._replay_tokens[:n, grid] > 0).any(axis=1)
+        default = ~known.any(axis=1) | ((accepted + rejections == 0) & ~replayed & ~zero)
         self.k = np.where(default, ctl.default_k, best)
         self._measurement_wins(ctl, grid, default)
 
@@ -215,18 +249,43 @@ class _Table:
         """Seconds per step at each K of the grid: measured (rows at rate r with t tokens per
         step take t / r per step; pooled over domains, token-weighted, so Σ t·running_s over
         Σ tokens), or interpolated linearly between the nearest measured K, never beyond
-        them (NaN). Sets ``steps``, the measured ones."""
+        them (NaN); with a profile (``Controller.step_cost``), the profiled time at every K.
+        Sets ``steps``, the measured ones."""
         n = len(alpha)
         running, tokens = ctl._running[:n], ctl._tokens[:n]
         ks = np.arange(running.shape[1])
         valid = (running > 0) & (tokens > 0)
-        weighted = np.where(valid, tokens_per_step(alpha[:, None], coverage[:, None], ks), 0.0)
+        weighted = np.where(valid, replayed_per_step(ctl, alpha, coverage, ks), 0.0)
         den = np.where(valid, tokens, 0.0).sum(axis=0)
         at = np.flatnonzero(den > 0)
         pooled = (weighted * running).sum(axis=0)[at] / den[at]
         self.steps = {int(k): float(v) for k, v in zip(at, pooled, strict=True)}
+        if ctl.step_cost is not None:
+            return np.array([ctl.step_cost(int(k)) for k in grid], dtype=float)
         if not len(at):
             return np.full(len(grid), np.nan)
         step = np.interp(grid, at, pooled)
         step[(grid < at[0]) | (grid > at[-1])] = np.nan
         return step
+
+
+def replayed_per_step(
+    ctl: Controller, alpha: np.ndarray, coverage: np.ndarray, ks: np.ndarray
+) -> np.ndarray:
+    """Tokens per decode step of each domain (rows of ``alpha``; one more row than there are
+    domains stands for the blank domain) at each K of ``ks``: replayed where rows of the
+    domain were replayed at that K (``replay``: exact for greedy rows), the α model
+    elsewhere."""
+    out = tokens_per_step(alpha[:, None], coverage[:, None], ks[None, :])
+    n = min(len(alpha), len(ctl.index))
+    inside = ks < ctl._replay_tokens.shape[1]
+    cols = ks[inside]
+    tokens = ctl._replay_tokens[:n, cols]
+    accepted = ctl._replay_accepted[:n, cols]
+    seen = tokens > 0
+    replayed = np.divide(
+        tokens, np.maximum(tokens - accepted, 1.0), out=np.ones_like(tokens), where=seen
+    )
+    block = out[:n, inside]
+    out[:n, inside] = np.where(seen, replayed, block)
+    return out

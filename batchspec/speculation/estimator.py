@@ -105,6 +105,11 @@ class Observation:
     rate_sq: float = 0.0
     engine: str | None = None
     """``vllm`` or ``tree`` (step costs differ by engine); None in files of older runs."""
+    replay: list[list[int]] = field(default_factory=list)
+    """Replayed acceptance (``replay``), one ``[K, tokens, accepted]`` per K of the grid:
+    over the replayed rows, their output tokens after the first (the decode steps' share)
+    and the draft tokens replay accepted at K; tokens per step at K is tokens / (tokens −
+    accepted). Empty where no row was replayed (and in files of older runs)."""
 
     @property
     def rate(self) -> float | None:
@@ -141,6 +146,8 @@ class Observation:
             self.rate_sum += tokens / r.running_s
             self.rate_sq += (tokens / r.running_s) ** 2
         # Metrics of an engine without speculation (K=0) are not acceptance measurements.
+        if r.replayed is not None:
+            self.add_replay([[k, tokens - 1, a] for k, a in r.replayed.items()])
         spec = r.spec if self.k > 0 else None
         accepted = spec.accepted if spec else 0
         self.accepted += accepted
@@ -148,7 +155,19 @@ class Observation:
         self.spec_steps += spec.steps if spec else 0
         self.decode_steps += max(tokens - 1 - accepted, 0)
 
+    def add_replay(self, items: list[list[int]]) -> None:
+        """Add ``[K, tokens, accepted]`` sums, K by K."""
+        at = {k: i for i, (k, _, _) in enumerate(self.replay)}
+        for k, tokens, accepted in items:
+            if k in at:
+                self.replay[at[k]][1] += tokens
+                self.replay[at[k]][2] += accepted
+            else:
+                at[k] = len(self.replay)
+                self.replay.append([k, tokens, accepted])
+
     def merge(self, other: Observation) -> None:
+        self.add_replay(other.replay)
         for name in (
             "rows",
             "output_tokens",
@@ -207,3 +226,7 @@ class Choice:
     alpha_std: float | None
     rates: dict[int, float] = field(default_factory=dict)
     """Predicted (or measured) decode rate per row, tokens/s, per K considered."""
+    replayed: dict[int, float] = field(default_factory=dict)
+    """Tokens per decode step per K of the grid, replayed from the domain's committed rows."""
+    measured: list[int] = field(default_factory=list)
+    """The K its rows ran at (their rates measured); the other K's rates are predicted."""

@@ -3,9 +3,14 @@
 vLLM fixes K when an engine is built, so choosing K is choosing engines. ``KPolicy.decide``
 turns the controller's per-domain predictions into a plan (K per domain) that weighs every
 extra engine against its measured start, and, when much work is left, a probe: one unit at a
-K nobody measured yet, without which a run that starts at one K would never learn another.
-Each worker weighs these against its own share of the rows left (rows ÷ live workers): with
-N workers, it runs about 1/N of them.
+K whose step time nobody measured yet, without which a run that starts at one K would never
+learn another's cost. Each worker weighs these against its own share of the rows left
+(rows ÷ live workers): with N workers, it runs about 1/N of them.
+
+Acceptance needs no exploring where the job's drafts can be replayed (n-gram: ``replay``):
+every committed row tells every K's acceptance, so no unit rides along at another K to
+measure it. On an engine that takes K per unit (the tree engine) with a profiled step cost,
+nothing needs exploring at all: each domain gets its best K, unit by unit, in one engine.
 """
 
 from __future__ import annotations
@@ -65,6 +70,13 @@ class KPolicy:
         """Seconds to start an engine, as last measured: what a switch of K costs."""
         self._read_at = -math.inf
         self.engine = s.engine
+        self.replays = s.method == "ngram"
+        """The job's drafts can be replayed (``replay.Replayer.supported``): acceptance of
+        every K comes from committed rows, so no unit runs away from its K to measure it."""
+        self.per_unit = False
+        """The engine takes K per unit (``Engine.k_per_unit``): no engine starts to weigh."""
+        self.explored = 0
+        """Units this worker ran at a K other than its domain's planned one, to measure it."""
         tuning = job_tuning(spec, out)
         if tuning is not None:
             self.ctl.load_observations(tuning.observations(spec.model.max_num_seqs, self.engine))
@@ -90,6 +102,18 @@ class KPolicy:
         """An engine just started in this many seconds: what the next switch of K costs."""
         self.build_s = seconds
 
+    def engine_up(self, k_per_unit: bool, profile: object | None) -> None:
+        """An engine is up: whether it takes K per unit, and its profiled step cost
+        (``StepProfile``, ``seconds(batch, nodes)``; None on vLLM), which then prices every
+        K of the grid, K=0 included, without running it."""
+        self.per_unit = k_per_unit
+        seconds = getattr(profile, "seconds", None)
+        if seconds is not None and self.ctl.step_cost is None:
+            batch = self.ctl.batch
+            self.ctl.step_cost = lambda k: float(seconds(batch, k))
+            self.ctl.version += 1
+            self.ctl._table = None
+
     def observe(self, ob: Observation) -> None:
         """A unit this worker committed: learn from it and share it."""
         if self.adaptive:
@@ -111,6 +135,8 @@ class KPolicy:
         with np.errstate(divide="ignore", invalid="ignore"):
             seconds = tokens[:, None] / (self.ctl.batch * rates)
         seconds[~np.isfinite(seconds)] = np.inf
+        if self.per_unit:  # no engine to build: every domain at its own best K
+            return Decision({d: int(k) for d, k in zip(domains, own, strict=True)}, None)
         plan = self._plan(domains, seconds, own, engine_k)
         return Decision(plan, self._probe(domains, rows, plan, seconds))
 
@@ -183,7 +209,7 @@ class KPolicy:
         """Whether the next unit of this domain, planned at ``best``, should run at
         ``engine_k``, a grid neighbour, to keep measuring it: while fewer than ``explore`` of
         the domain's units this worker took ran away from their planned K."""
-        if not self.adaptive or self.ctl.fixed_k(domain) is not None:
+        if not self.adaptive or self.replays or self.ctl.fixed_k(domain) is not None:
             return False
         grid = self.ctl.k_grid
         if best not in grid or engine_k not in grid:
@@ -197,6 +223,7 @@ class KPolicy:
         """Count a unit the worker took, for the exploring quota."""
         took, n = self._taken.get(domain, (0, 0))
         self._taken[domain] = (took + 1, n + explored)
+        self.explored += explored
 
 
 def cheapest_engine_set(

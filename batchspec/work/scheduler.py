@@ -6,6 +6,9 @@ every unit, from the latest shared measurements), and says which K comes next wh
 doing so. It owns the units this worker may still run; claiming them (leases) is
 ``claims``' business, and running them the engine's.
 
+On an engine that takes K per unit (the tree engine) there is no engine plan: units come in
+plan order, whatever their domain, each at its domain's planned K (``unit_k``).
+
 The engine asks for a unit whenever its batch has room, which while the batch drains is every
 engine step: a decision is made again only when something it depends on changed (a unit
 taken, a new measurement, the engine's K, the number of live workers), and an answer "nothing
@@ -56,6 +59,8 @@ class Scheduler:
             self._queues.setdefault(u.domain, deque()).append((i, u))
         self.rows = {d: sum(u.num_rows for _, u in q) for d, q in self._queues.items()}
         """Rows left per domain; only domains with units left."""
+        self._unit_k: dict[str, int] = {}
+        """The planned K of each unit taken and not yet asked for (``unit_k``)."""
 
     def __bool__(self) -> bool:
         return bool(self._queues)
@@ -68,10 +73,12 @@ class Scheduler:
         measured, first a single unit there (the policy's probe).
         """
         decision = self._decide(engine_k)
+        if self.policy.per_unit and engine_k is not None:
+            return engine_k, self._take_any(decision.plan)
         if decision.probe is not None:
             domain, k = decision.probe
             self.policy.taken(domain, explored=True)
-            return k, self._pop(domain)
+            return k, self._pop(domain, k)
         rows_by_k: dict[int, int] = {}
         for d, n in self.rows.items():
             rows_by_k[decision.plan[d]] = rows_by_k.get(decision.plan[d], 0) + n
@@ -87,6 +94,8 @@ class Scheduler:
         if not self:
             return None
         decision = self._decide(k)
+        if self.policy.per_unit:
+            return self._take_any(decision.plan)
         if self._idle == self._state(k):
             return None
         unit = None
@@ -123,11 +132,27 @@ class Scheduler:
         # Of these domains, the one whose next unit comes first in the plan.
         domain = min(candidates, key=lambda d: self._queues[d][0][0])
         self.policy.taken(domain, explored=plan[domain] != k)
-        return self._pop(domain)
+        return self._pop(domain, k)
 
-    def _pop(self, domain: Domain) -> WorkUnit:
+    def _take_any(self, plan: dict[Domain, int]) -> WorkUnit | None:
+        """The next unit in plan order, of any domain, at its domain's planned K (an engine
+        that takes K per unit)."""
+        if not self._queues:
+            return None
+        domain = min(self._queues, key=lambda d: self._queues[d][0][0])
+        self.policy.taken(domain, explored=False)
+        return self._pop(domain, plan[domain])
+
+    def unit_k(self, unit: WorkUnit) -> int | None:
+        """The K the plan gave ``unit`` when it was taken (None if unknown): what an engine
+        that takes K per unit decodes its rows at."""
+        return self._unit_k.pop(unit.unit_id, None)
+
+    def _pop(self, domain: Domain, k: int) -> WorkUnit:
         self._taken += 1
         _, unit = self._queues[domain].popleft()
+        if self.policy.per_unit:
+            self._unit_k[unit.unit_id] = k
         self.rows[domain] -= unit.num_rows
         if not self._queues[domain]:
             del self._queues[domain], self.rows[domain]

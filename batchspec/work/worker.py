@@ -31,6 +31,7 @@ from batchspec.speculation.route import route_job
 from batchspec.speculation.tuning import job_tuning
 from batchspec.units import UnitResult, WorkUnit
 from batchspec.work.claims import ClaimingSource, Claims, FailureLog
+from batchspec.work.feeding import Replays, UnitKFeed
 from batchspec.work.leases import Leases
 from batchspec.work.live import LiveProgress
 from batchspec.work.progress import ProgressLog
@@ -74,6 +75,7 @@ class Worker:
         self.reader = pre.reader
         self._source: ClaimingSource | None = None
         self.record = ProgressLog(self.out, name, stats.run_id)
+        self.replays = Replays(spec)
         todo_ids = {u.unit_id for u in todo}
         self.rows_total = sum(u.num_rows for u in pre.units)
         self.rows_before = sum(
@@ -178,8 +180,11 @@ class Worker:
             "output_tokens": 0,
         }
         started = time.perf_counter()
+        replay_s, replayed = self.replays.seconds, self.replays.rows
+        explored = self.scheduler.policy.explored
+        feed = UnitKFeed(source, self.scheduler) if engine.k_per_unit else source
         try:
-            for result in engine.run(source, self.stop.expired):
+            for result in engine.run(feed, self.stop.expired):
                 whole = source.finished(result)
                 if whole is not None:
                     record["units"] += 1
@@ -190,6 +195,9 @@ class Worker:
             gen_s = time.perf_counter() - started
             self.stats.generate_s += gen_s
             record["generate_s"] = round(gen_s, 3)
+            record["replay_s"] = round(self.replays.seconds - replay_s, 3)
+            record["rows_replayed"] = self.replays.rows - replayed
+            record["units_explored"] = self.scheduler.policy.explored - explored
             self.stats.engines.append(record)
         return record.get("failure")
 
@@ -204,6 +212,8 @@ class Worker:
             traceback.print_exc()  # into the log (on the terminal when verbose)
             raise error from exc
         self.scheduler.policy.measured_start(engine.build_s)
+        self.scheduler.policy.engine_up(engine.k_per_unit, getattr(engine, "step_profile", None))
+        self.replays.engine_up(engine)
         self.stats.engine_build_s += engine.build_s
         self.stats.engine_builds += 1
         return engine
@@ -232,6 +242,7 @@ class Worker:
         """Write a unit's part, release it, learn from it (unless its rows ran apart, alone:
         not the batch the K controller models); returns its output tokens."""
         unit_id = result.unit.unit_id
+        self.replays.replay(result)
         outcome, _ = self.writer.commit(result)
         if outcome is Commit.DISCARDED:
             self.stats.units_discarded += 1

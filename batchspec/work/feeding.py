@@ -1,0 +1,73 @@
+"""What the worker adds to a unit between the engine and the writer: each unit's K on an
+engine that takes K per unit, and every finished row's replayed acceptance, within a budget.
+"""
+
+from __future__ import annotations
+
+import time
+
+from batchspec.engines import Engine
+from batchspec.spec import JobSpec
+from batchspec.speculation.replay import Replayer
+from batchspec.units import UnitRequests, UnitResult
+from batchspec.work.claims import ClaimingSource
+from batchspec.work.scheduler import Scheduler
+
+REPLAY_SHARE = 0.01
+"""Replay (``speculation/replay.py``) may take at most this share of the worker's time since
+its first engine came up; rows past it are not replayed (their replay columns stay null)."""
+
+
+class Replays:
+    """Replays committed rows at every K of the grid (``RowResult.replayed``), taking at
+    most ``REPLAY_SHARE`` of the time since the first engine came up: on the tree engine
+    the worker's thread is the engine's, so every replayed millisecond is one it waits."""
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.replayer: Replayer | None = None
+        self.seconds = 0.0
+        self.rows = 0
+        self._up_at: float | None = None
+
+    def engine_up(self, engine: Engine) -> None:
+        """Replay for this engine: its drafting, the job's grid with every K that may run."""
+        s = self.spec.speculative
+        grid = sorted({*s.k_grid, engine.k, *s.per_domain.values()})
+        self.replayer = Replayer(self.spec, engine.name, grid, engine.max_model_len)
+        if self._up_at is None:
+            self._up_at = time.perf_counter()
+
+    def replay(self, result: UnitResult) -> None:
+        """The unit's rows replayed, in order, until the budget is spent."""
+        replayer = self.replayer
+        if replayer is None or not replayer.supported or self._up_at is None:
+            return
+        for r in result.results:
+            started = time.perf_counter()
+            if self.seconds > REPLAY_SHARE * (started - self._up_at):
+                return
+            accepted = replayer.row(r)
+            if accepted is not None:
+                r.replayed = dict(zip(replayer.grid, accepted, strict=True))
+                self.rows += 1
+            self.seconds += time.perf_counter() - started
+
+
+class UnitKFeed:
+    """The engine's feed when it takes K per unit: each unit at the K the plan gave it."""
+
+    def __init__(self, source: ClaimingSource, scheduler: Scheduler):
+        self.source, self.scheduler = source, scheduler
+
+    def next_unit(self) -> UnitRequests | None:
+        requests = self.source.next_unit()
+        if requests is not None and requests.k is None:
+            requests.k = self.scheduler.unit_k(requests.unit)
+        return requests
+
+    def exhausted(self) -> bool:
+        return self.source.exhausted()
+
+    def wait(self) -> None:
+        self.source.wait()
