@@ -19,7 +19,8 @@ from test_tree_loop import (
 )
 
 from batchspec.engines.base import ListSource
-from batchspec.engines.tree.engine import TreeEngine, max_k
+from batchspec.engines.tree.engine import TreeEngine
+from batchspec.engines.tree.load import max_k
 from batchspec.engines.tree.shape import DraftTree
 from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from batchspec.spec_tree import EngineName
 from batchspec.units import UnitRequests, UnitResult
+
+if TYPE_CHECKING:
+    from batchspec.engines.tree.profile import StepProfile
 
 
 class UnitSource(Protocol):
@@ -59,6 +62,9 @@ class Engine(Protocol):
     k_per_unit: bool
     """True when it decodes each unit at ``UnitRequests.k`` (rows of units at different K in
     one batch, no rebuild: the tree engine); False when K is fixed per engine (vLLM)."""
+    step_profile: StepProfile | None
+    """Measured seconds per step by batch size and draft nodes (``tree.profile``): the K
+    controller's cost side. None where no profile is kept (vLLM, whose K is fixed per engine)."""
     method: str
     """The speculative method in effect (``none`` when ``k`` is 0): recorded in every row."""
     build_s: float

@@ -142,6 +142,7 @@ class VllmEngine:
 
     name: EngineName = VLLM
     k_per_unit = False
+    step_profile = None
 
     def __init__(self, spec: JobSpec, k: int, logprobs: int | None = None):
         from vllm import LLM

@@ -36,7 +36,8 @@ from batchspec.engines import planted
 from batchspec.engines.base import EngineFailure, UnitSource
 from batchspec.engines.tree.accept import TorchDraws, accept_greedy, accept_sampled
 from batchspec.engines.tree.drafting import Ask, ask_for
-from batchspec.engines.tree.load import Target, load_target, open_drafter
+from batchspec.engines.tree.load import Target, load_target, max_k, open_drafter
+from batchspec.engines.tree.profile import StepProfile, load_or_measure
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.spec import JobSpec
@@ -74,6 +75,8 @@ class TreeEngine:
         """The largest K a unit may ask for: the cache's room for a tree behind the longest row."""
         self.stops = Stops(target.eos_ids, list(spec.sampling.stop), self.tokenizer)
         self.drafter = open_drafter(spec, min(max_k(spec, k), self.k_cap), self.model)
+        self.model_name = target.name
+        self._profile: StepProfile | None = None
         self.logprobs = spec.sampling.logprobs_for(logprobs)
         self.free = list(range(spec.model.max_num_seqs))
         """Free slots, a heap: rows take the lowest, so rows in flight stay adjacent (cheap)."""
@@ -94,6 +97,18 @@ class TreeEngine:
     def unit_k(self, unit: UnitRequests) -> int:
         """The K ``unit``'s rows decode at: its own, else the engine's."""
         return self.k if unit.k is None else unit.k
+
+    @property
+    def step_profile(self) -> StepProfile:
+        """Seconds per step by batch size and draft nodes (``profile``) for every K the job
+        may ask: loaded from the cache or measured on first use (the engine must be idle
+        then), refined by this engine's own steps from then on."""
+        if self._profile is None:
+            s = self.spec.speculative
+            grid = {self.k, *s.k_grid, *s.per_domain.values()} if self.drafter else {0}
+            nodes = [k for k in grid if k <= self.k_cap]
+            self._profile = load_or_measure(self.model, self.model_name, nodes)
+        return self._profile
 
     def _generator(self, seed: int) -> torch.Generator:
         """A generator on the model's device: sampling there needs one (a CPU generator
@@ -229,7 +244,9 @@ class TreeEngine:
         return [trees[r.slot] if r.slot in trees else DraftTree([r.root], [-1]) for r in self.rows]
 
     def _step(self) -> None:
-        """One verify forward for every row in flight, then acceptance row by row."""
+        """One verify forward for every row in flight, then acceptance row by row; its
+        seconds refine the step profile once someone asked for it."""
+        started = time.perf_counter()
         trees = self._trees()
         lens = self.model.cache_len
         batch = batch_layout(trees, [lens[r.slot] for r in self.rows])
@@ -241,6 +258,9 @@ class TreeEngine:
             raise EngineFailure(f"tree engine step failed: {exc!r}") from exc
         for b, (row, tree) in enumerate(zip(list(self.rows), trees, strict=True)):
             self._accept(row, tree, logits[b, : tree.size])
+        if self._profile is not None:
+            nodes = max(t.size for t in trees) - 1
+            self._profile.observe(len(trees), nodes, time.perf_counter() - started)
 
     def _accept(self, row: TreeRow, tree: DraftTree, logits: torch.Tensor) -> None:
         """Accept a path of the row's verified tree, keep it in the cache, emit it and the
@@ -299,16 +319,6 @@ class TreeEngine:
         """Free the model and its cache before another engine starts."""
         del self.model
         gc.collect()
-
-
-def max_k(spec: JobSpec, k: int) -> int:
-    """The largest K a unit of this job may ask for (the engine's own, the grid's, the
-    domains' fixed ones): the cache and the draft's scratch are sized for it at load, so that
-    no K change rebuilds anything. 0 without a speculative method."""
-    s = spec.speculative
-    if s.method == "none":
-        return k
-    return max(k, s.num_speculative_tokens, *s.k_grid, *s.per_domain.values())
 
 
 def _first_path(tree: DraftTree) -> list[int]:

@@ -39,6 +39,8 @@ class Target:
     tokenizer: Any
     eos_ids: set[int]
     max_model_len: int
+    name: str = ""
+    """Where the model came from (its directory): part of its step profile's cache key."""
 
 
 def load_target(spec: JobSpec, k: int) -> Target:
@@ -61,7 +63,17 @@ def load_target(spec: JobSpec, k: int) -> Target:
         else model_dir
     )
     tokenizer = load_tokenizer(Path(tok_dir), "model.tokenizer")
-    return Target(model, tokenizer, eos_ids(model_dir, tokenizer), max_model_len)
+    return Target(model, tokenizer, eos_ids(model_dir, tokenizer), max_model_len, str(model_dir))
+
+
+def max_k(spec: JobSpec, k: int) -> int:
+    """The largest K a unit of this job may ask for (the engine's own, the grid's, the
+    domains' fixed ones): the cache and the draft's scratch are sized for it at load, so that
+    no K change rebuilds anything. ``k`` without a speculative method."""
+    s = spec.speculative
+    if s.method == "none":
+        return k
+    return max(k, s.num_speculative_tokens, *s.k_grid, *s.per_domain.values())
 
 
 def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:

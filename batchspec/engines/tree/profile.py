@@ -1,0 +1,236 @@
+"""What a tree engine step costs, measured: seconds per step by batch size and draft nodes.
+
+The K controller's trade is tokens per step against seconds per step, and the second half
+cannot be extrapolated from a run's own units without running every K (the cost of a K
+nobody ran is unknown). So it is measured once, up front, where it is cheap: synthetic tokens
+through the real verify forward (``TreeModel.verify``; nodes 0 is a plain decode step, a
+tree of the root alone) for each node count of the job's grid at the batch sizes the run
+will see (powers of two up to ``max_num_seqs``, and ``max_num_seqs``), behind a context of
+``CONTEXT`` cached tokens, the median of a few repetitions after a warm-up. A cell costs one
+forward per repetition; the whole table for the default grid at batch 8 is about a hundred
+forwards (seconds on a CPU, well under one on a GPU).
+
+The table is cached per machine, model, dtype, device and thread count in the user's cache
+(``$BATCHSPEC_CACHE``, else ``$BATCHSPEC_HOME``, else ``~/.cache/batchspec``; under
+``profiles/``), so only the first engine build pays; a later job with another grid measures
+only the cells it lacks. Between measured cells, ``seconds`` interpolates linearly (and
+extrapolates from the last two cells beyond them).
+
+A real step costs more than its forward (drafting, acceptance, Python), so the engine feeds
+its own step times back (``observe``): per node count, the ratio of real to predicted
+seconds, averaged as steps come in, scales that column's predictions. The ratios are the
+run's (they depend on the drafter and the rows' contexts) and are not written to the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from batchspec.engines.tree.model import TreeModel
+
+CONTEXT = 256
+"""Cached tokens behind every measured row: attention cost grows with context, and a few
+hundred is where the job's rows spend most steps; real steps correct the rest."""
+REPEATS = 3
+"""Timed forwards per cell, after one untimed warm-up: the median is kept."""
+REFINE_WEIGHT = 0.05
+"""Weight of each real step in the running real/predicted ratio (about the last 20 steps)."""
+
+
+@dataclass
+class StepProfile:
+    """Measured seconds per step: ``table[i][j]`` at ``batches[i]`` rows of ``nodes[j]``
+    draft nodes each (0: plain decoding), both ascending."""
+
+    batches: list[int]
+    nodes: list[int]
+    table: list[list[float]]
+    key: str = ""
+    """The cache key: machine, model, dtype, device, threads, context."""
+    measured_s: float = 0.0
+    """Seconds this build spent measuring cells (0: all of them came from the cache)."""
+    ratio: dict[int, float] = field(default_factory=dict)
+    """Per node count, real over predicted step seconds from this run's steps."""
+    observed: dict[int, int] = field(default_factory=dict)
+    """Per node count, the real steps behind ``ratio``."""
+
+    def forward_seconds(self, batch: int, nodes: int) -> float:
+        """The verify forward's measured seconds, interpolated between cells."""
+        per_batch = [_interp(self.nodes, row, nodes) for row in self.table]
+        return max(_interp(self.batches, per_batch, batch), 0.0)
+
+    def seconds(self, batch: int, nodes: int) -> float:
+        """Predicted seconds of a step of ``batch`` rows whose widest tree has ``nodes`` draft
+        nodes (0: a plain decode step): the measured forward, scaled by the real steps'
+        ratio for the nearest node count observed."""
+        return self.forward_seconds(batch, nodes) * self._ratio(nodes)
+
+    def observe(self, batch: int, nodes: int, seconds: float) -> None:
+        """A real step's seconds: refines the predictions for ``nodes`` draft nodes."""
+        predicted = self.forward_seconds(batch, nodes)
+        if predicted <= 0 or seconds <= 0:
+            return
+        seen = self.observed.get(nodes, 0)
+        weight = max(REFINE_WEIGHT, 1.0 / (seen + 1))
+        old = self.ratio.get(nodes, 1.0)
+        self.ratio[nodes] = old + weight * (seconds / predicted - old)
+        self.observed[nodes] = seen + 1
+
+    def _ratio(self, nodes: int) -> float:
+        if not self.ratio:
+            return 1.0
+        nearest = min(self.ratio, key=lambda n: (abs(n - nodes), n))
+        return self.ratio[nearest]
+
+
+def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Piecewise linear through (xs, ys), xs ascending; linear beyond the ends."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def batch_sizes(max_num_seqs: int) -> list[int]:
+    """The batch sizes a run sees (it drains to 1): powers of two up to ``max_num_seqs``, and
+    ``max_num_seqs`` itself."""
+    out, b = [], 1
+    while b < max_num_seqs:
+        out.append(b)
+        b *= 2
+    return [*out, max_num_seqs]
+
+
+def cache_root() -> Path:
+    """Where profiles are kept: ``$BATCHSPEC_CACHE``, else ``$BATCHSPEC_HOME`` (as models
+    are), else ``~/.cache/batchspec``; under ``profiles/``."""
+    home = os.environ.get("BATCHSPEC_CACHE") or os.environ.get("BATCHSPEC_HOME")
+    return (Path(home) if home else Path.home() / ".cache" / "batchspec") / "profiles"
+
+
+def machine() -> str:
+    """This machine: its name and its processor or GPU (a copied cache on another machine
+    must not be taken for this one's)."""
+    if torch.cuda.is_available():
+        chip = torch.cuda.get_device_name()
+    else:
+        chip = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    chip = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+    return f"{platform.node()}|{chip}"
+
+
+def profile_key(model: TreeModel, name: str, context: int = CONTEXT) -> str:
+    """The cache key of ``model``'s profile: machine, model (``name`` and its config),
+    dtype, device, the process's thread count and the context measured behind each row."""
+    parts = [
+        machine(),
+        name,
+        model.cfg.to_json_string(use_diff=False),
+        str(model.dtype),
+        str(model.device),
+        f"threads={torch.get_num_threads()}",
+        f"context={context}",
+    ]
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def measure_cell(model: TreeModel, slots: list[int], nodes: int, repeats: int) -> float:
+    """Median seconds of one verify forward of a chain of ``nodes`` draft nodes under every
+    slot's root (synthetic tokens; a chain costs what any tree of as many nodes costs)."""
+    b, n = len(slots), nodes + 1
+    gen = torch.Generator().manual_seed(n)
+    tokens = torch.randint(model.vocab_size, (b, n), generator=gen)
+    lens = torch.tensor([model.cache.lens[s] for s in slots]).unsqueeze(1)
+    positions = lens + torch.arange(n).unsqueeze(0)
+    mask = torch.ones(n, n, dtype=torch.bool).tril().expand(b, n, n).contiguous()
+    times = []
+    for i in range(repeats + 1):
+        started = time.perf_counter()
+        model.verify(slots, tokens, positions, mask)
+        if str(model.device).startswith("cuda"):
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(
+    model: TreeModel,
+    cells: Sequence[tuple[int, int]],
+    context: int = CONTEXT,
+    repeats: int = REPEATS,
+) -> dict[tuple[int, int], float]:
+    """Seconds of each (batch, nodes) cell on ``model``, whose slots must all be free: they
+    are filled with one synthetic context (one prefill, copied), then freed again."""
+    if any(model.cache.lens):
+        raise RuntimeError("a step profile is measured on an idle engine (no rows in flight)")
+    context = max(1, min(context, model.max_len - 1 - max(n for _, n in cells) - 1))
+    gen = torch.Generator().manual_seed(0)
+    model.prefill(0, torch.randint(model.vocab_size, (context,), generator=gen).tolist())
+    for slot in range(1, max(b for b, _ in cells)):
+        model.share_prefix(0, slot, context)
+    try:
+        return {(b, n): measure_cell(model, list(range(b)), n, repeats) for b, n in cells}
+    finally:
+        for slot in range(model.max_batch):
+            model.release(slot)
+
+
+def load_or_measure(
+    model: TreeModel, name: str, nodes: Sequence[int], batches: Sequence[int] | None = None
+) -> StepProfile:
+    """The model's profile over ``batches`` (default: ``batch_sizes(max_batch)``) x
+    ``nodes`` (0 always among them): from the cache where it has the cells, measured (and
+    cached) where it does not."""
+    batches = sorted(set(batches or batch_sizes(model.max_batch)))
+    nodes = sorted({0, *nodes})
+    key = profile_key(model, name)
+    path = cache_root() / f"{key}.json"
+    known = _read(path)
+    missing = [(b, n) for b in batches for n in nodes if (b, n) not in known]
+    started = time.perf_counter()
+    if missing:
+        known |= measure(model, missing)
+        _write(path, known)
+    spent = time.perf_counter() - started if missing else 0.0
+    table = [[known[(b, n)] for n in nodes] for b in batches]
+    return StepProfile(batches, nodes, table, key, spent)
+
+
+def _read(path: Path) -> dict[tuple[int, int], float]:
+    """Cells cached at ``path``; none when it is missing or unreadable (measured again)."""
+    try:
+        data = json.loads(path.read_text())
+        return {(int(c["batch"]), int(c["nodes"])): float(c["seconds"]) for c in data["cells"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _write(path: Path, cells: dict[tuple[int, int], float]) -> None:
+    """Write atomically (a concurrent worker reads the old file or the new, never half)."""
+    rows = [{"batch": b, "nodes": n, "seconds": s} for (b, n), s in sorted(cells.items())]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"cells": rows}, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # an unwritable cache costs the next build a measurement, nothing else
