@@ -112,13 +112,16 @@ class TreeSpec(TreeShape):
         return v
 
     def check_method(self, method: str, model: str | None) -> None:
-        """The tree engine drafts with n-grams or a draft model (``model``, else the target's
-        own ``draft_layers``); other methods run on vLLM."""
-        if method not in ("ngram", "draft_model", "none"):
+        """The tree engine drafts with n-grams, a draft model (``model``, else the target's
+        own ``draft_layers``) or an EAGLE-3 head (``model``, ``batchspec distill``); other
+        methods run on vLLM."""
+        if method not in ("ngram", "draft_model", "eagle3", "none"):
             raise ValueError(
-                f"tree: the tree engine drafts with ngram or draft_model; method {method} "
-                "runs on vLLM, in chains (engine: vllm, no tree key)"
+                f"tree: the tree engine drafts with ngram, draft_model or eagle3; method "
+                f"{method} runs on vLLM, in chains (engine: vllm, no tree key)"
             )
+        if method == "eagle3" and not model:
+            raise ValueError("method eagle3 needs speculative.model (the head: batchspec distill)")
         if self.draft_layers is not None and method != "draft_model":
             raise ValueError("tree.draft_layers needs method draft_model")
         if method == "draft_model" and not (model or self.draft_layers):

@@ -11,7 +11,7 @@ import os
 
 import click
 
-from batchspec.cli import cluster, jobs, observe, verify
+from batchspec.cli import cluster, distill, jobs, observe, verify
 from batchspec.cli.common import examples
 
 
@@ -47,5 +47,6 @@ def main(ctx: click.Context) -> None:
 for command in (jobs.run, jobs.validate, jobs.tune, observe.status, observe.report, observe.export):
     main.add_command(command)
 main.add_command(verify.verify)
+main.add_command(distill.distill)
 main.add_command(cluster.slurm)
 main.add_command(cluster.models)

@@ -18,6 +18,7 @@ import torch
 
 from batchspec.engines.tree.drafter import open_model_drafter
 from batchspec.engines.tree.drafting import Drafter
+from batchspec.engines.tree.eagle import open_eagle_drafter
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.models import load_tokenizer, resolve_model
@@ -84,6 +85,8 @@ def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:
     if s.method == "draft_model":
         # The draft's scratch: the root, up to K fed nodes, and one forward's padding.
         return open_model_drafter(spec, target, target.max_len + k + 1)
+    if s.method == "eagle3":
+        return open_eagle_drafter(spec, target, target.max_len + k + 1)
     return NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
 
 

@@ -1,0 +1,61 @@
+"""``batchspec distill``: train an EAGLE-3 draft head on a job's committed rows."""
+
+from __future__ import annotations
+
+import click
+
+from batchspec.cli.common import (
+    examples,
+    job_argument,
+    load_job,
+    output_option,
+    set_option,
+    user_errors,
+)
+
+
+@click.command(
+    short_help="Train a draft head (EAGLE-3) on JOB's committed rows.",
+    epilog=examples(
+        "batchspec distill jobs/synth_tree.yaml             # -> OUT/drafts/eagle3/",
+        "batchspec distill job.yaml --rows 2000 --epochs 4 --vocab 16384",
+        "batchspec run job.yaml --set speculative.method=eagle3 "
+        "--set speculative.model=OUT/drafts/eagle3",
+    ),
+)
+@job_argument
+@output_option
+@click.option("--name", default="eagle3", show_default=True,
+              help="The head's directory under OUT/drafts/.")  # fmt: skip
+@click.option("--rows", type=click.IntRange(min=1), default=None,
+              help="Use at most N committed rows [default: all].")  # fmt: skip
+@click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.1,
+              show_default=True,
+              help="Fraction of rows held out to measure acceptance.")  # fmt: skip
+@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Passes over the training rows.")  # fmt: skip
+@click.option("--vocab", type=click.IntRange(min=0), default=8192, show_default=True,
+              help="Draft vocabulary: the N most frequent tokens (0: all).")  # fmt: skip
+@set_option
+@user_errors
+def distill(
+    job: str,
+    output: str | None,
+    name: str,
+    rows: int | None,
+    holdout: float,
+    epochs: int,
+    vocab: int,
+    overrides: tuple[str, ...],
+) -> None:
+    """Train an EAGLE-3 draft head on JOB's committed rows (its output directory's parts),
+    against the target's own next-token distributions, and write it to OUT/drafts/NAME/.
+    Run it again with the same options to continue an interrupted training."""
+    from batchspec.measure.distill import Options, summary
+    from batchspec.measure.distill import distill as run_distill
+
+    spec = load_job(job, overrides, output)
+    opts = Options(name=name, rows=rows, holdout=holdout, epochs=epochs, vocab=vocab)
+    dest, record = run_distill(spec, opts, click.echo)
+    click.echo(summary(record))
+    click.echo(f"head: {dest} (speculative.method: eagle3, speculative.model: {dest})")
