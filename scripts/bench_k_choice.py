@@ -1,0 +1,276 @@
+"""Does the K controller choose well on data like users'? Adaptive K against plain decoding,
+every fixed K of the grid and the per-domain oracle, side by side, in interleaved rounds.
+
+Every configuration is one ``batchspec run`` of the same job on the same rows (a balanced
+subset of ``--rows`` rows of the job's input, by default the long-context set
+``jobs/synth_long.yaml``: six short domains and two ~750-token ones), at each batch size:
+
+- ``K=k`` for every k of the job's ``speculative.k_grid`` (``adaptive: false``; K=0 is plain
+  decoding);
+- ``adaptive``: the K controller as a user runs it (``adaptive: true``, no tuning file);
+- ``oracle``: ``speculative.per_domain`` set to each domain's best K from the fixed-K runs
+  measured so far (tokens per summed row-decode second per domain; at batch > 1 rows overlap, so
+  this is an estimate); in the first round it runs after them.
+
+The figure is generation tokens/s from each run's log (``OUT/runs/*.json``: output tokens over
+generation seconds, engine start and shutdown excluded), the run summary's figure. Identical
+runs differ by up to 10% on a busy machine, so configurations run in ABBA rounds (``--rounds``:
+the order reverses every round) and each ratio is of the means with its per-round range.
+"Units only to explore" counts the adaptive run's units that ran off the K its domain ran
+most: the run log's own count where the worker records one (``units_explored``), otherwise this
+proxy from the committed parts. The last line is the verdict for the last batch size::
+
+    adaptive / best fixed K: X (batch B), adaptive / per-domain oracle: Y
+
+    .venv/bin/python scripts/bench_k_choice.py --batches 8 --rows 144 --rounds 2
+    .venv/bin/python scripts/bench_k_choice.py --batches 1,8 --save k_choice.json
+    .venv/bin/python scripts/bench_k_choice.py --table k_choice.json   # the table again
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCHSPEC = str(Path(sys.executable).with_name("batchspec"))
+
+
+def subset(job: str, rows: int, path: Path) -> dict[str, int]:
+    """The first ``rows // domains`` rows of every domain of the job's input, written to
+    ``path``; returns the rows per domain."""
+    import polars as pl
+
+    from batchspec.spec_file import load_spec
+
+    spec = load_spec(job)
+    dom, rid = spec.input.domain_column, spec.input.id_column
+    df = pl.concat([pl.read_parquet(f) for f in spec.input_files()])
+    per = max(1, rows // df[dom].n_unique())
+    df = df.sort(dom, rid).group_by(dom, maintain_order=True).head(per)
+    df.write_parquet(path)
+    return dict(sorted(df.group_by(dom).len().iter_rows()))
+
+
+def run_once(job: str, out: Path, sets: list[str]) -> dict[str, Any]:
+    """One ``batchspec run`` into a fresh ``out``; its figures from the run log and parts."""
+    cmd = [BATCHSPEC, "run", job, "--output", str(out), "--no-progress"]
+    for s in sets:
+        cmd += ["--set", s]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-3000:]
+        raise SystemExit(f"batchspec run failed ({done.returncode}): {' '.join(cmd)}\n{tail}")
+    logs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
+    tokens = sum(d["output_tokens"] for d in logs)
+    seconds = max(d["generate_s"] for d in logs)
+    explored = [d["units_explored"] for d in logs if "units_explored" in d]
+    return {
+        "tok_s": tokens / seconds,
+        "tokens": tokens,
+        "generate_s": seconds,
+        "engine_builds": sum(d["engine_builds"] for d in logs),
+        "units_explored": sum(explored) if explored else None,
+        **per_domain(out),
+    }
+
+
+def per_domain(out: Path) -> dict[str, Any]:
+    """Per domain: tokens per summed row-decode second, and units run at each K."""
+    import polars as pl
+
+    parts = pl.read_parquet(out / "parts" / "*.parquet")
+    rates = parts.group_by("domain").agg(
+        pl.col("num_output_tokens").sum() / (pl.col("e2e_s") - pl.col("queue_s")).sum()
+    )
+    units = parts.group_by("domain", "num_speculative_tokens").agg(pl.col("unit_id").n_unique())
+    k_units: dict[str, dict[str, int]] = {}
+    for d, k, n in units.iter_rows():
+        k_units.setdefault(d, {})[str(k)] = n
+    return {"domain_rates": dict(rates.iter_rows()), "k_units": k_units}
+
+
+def off_main_k(k_units: dict[str, dict[str, int]]) -> int:
+    """Units that ran at a K other than the one their domain ran most units at."""
+    return sum(sum(ks.values()) - max(ks.values()) for ks in k_units.values())
+
+
+def oracle_k(runs: dict[str, list[dict[str, Any]]], fixed: list[int]) -> dict[str, int]:
+    """Each domain's best K over the fixed-K runs so far (mean of its per-run rates)."""
+    domains = sorted(runs[f"K={fixed[0]}"][0]["domain_rates"])
+
+    def rate(d: str, k: int) -> float:
+        return statistics.fmean(r["domain_rates"][d] for r in runs[f"K={k}"])
+
+    return {d: max(fixed, key=lambda k, d=d: rate(d, k)) for d in domains}
+
+
+def bench_batch(args: argparse.Namespace, data: Path, tmp: Path, batch: int) -> dict[str, Any]:
+    """Every configuration ``args.rounds`` times at one batch size, the order reversed every
+    round; the oracle runs after the fixed K in the first round."""
+    fixed = args.k_grid
+    configs = [f"K={k}" for k in fixed] + ["adaptive", "oracle"]
+    common = [
+        f"input.path={data}",
+        f"model.max_num_seqs={batch}",
+        f"sampling.max_tokens={args.max_tokens}",
+        f"output.unit_rows={args.unit_rows}",
+        f"speculative.engine={args.engine}",
+        f"speculative.k_grid={fixed}",
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    oracles: list[dict[str, int]] = []
+    # A throwaway run absorbs one-off costs (compilation caches, page cache) first.
+    run_once(
+        args.job, tmp / "warmup", [*common, "speculative.adaptive=false", "sampling.max_tokens=8"]
+    )
+    for r in range(args.rounds):
+        for config in configs if r % 2 == 0 else configs[::-1]:
+            if config == "oracle":
+                oracles.append(oracle_k(runs, fixed))
+                sets = ["speculative.adaptive=false", f"speculative.per_domain={oracles[-1]}"]
+            elif config == "adaptive":
+                sets = ["speculative.adaptive=true"]
+            else:
+                sets = [
+                    "speculative.adaptive=false",
+                    f"speculative.num_speculative_tokens={config[2:]}",
+                ]
+            started = time.perf_counter()
+            got = run_once(
+                args.job, tmp / f"b{batch}-r{r}-{config.replace('=', '')}", [*common, *sets]
+            )
+            runs[config].append(got)
+            print(
+                f"  batch {batch} round {r + 1} {config}: {got['tok_s']:.1f} tok/s "
+                f"({got['tokens']} tokens in {got['generate_s']:.1f} s; "
+                f"{time.perf_counter() - started:.0f} s wall)",
+                flush=True,
+            )
+    return {"configs": configs, "runs": runs, "oracle_k": oracles}
+
+
+def ratio(num: list[float], den: list[float]) -> str:
+    """Ratio of the means, with the range of the per-round ratios."""
+    per = [a / b for a, b in zip(num, den, strict=True)]
+    spread = f" [{min(per):.3f}-{max(per):.3f}]" if len(per) > 1 else ""
+    return f"{statistics.fmean(num) / statistics.fmean(den):.3f}{spread}"
+
+
+def table(batch: int, res: dict[str, Any]) -> tuple[list[str], float, float]:
+    """The batch size's table; adaptive / best fixed K and / oracle (ratios of means)."""
+    runs = res["runs"]
+    tps = {c: [r["tok_s"] for r in runs[c]] for c in res["configs"]}
+    mean = {c: statistics.fmean(v) for c, v in tps.items()}
+    fixed = [c for c in res["configs"] if c.startswith("K=")]
+    best = max(fixed, key=mean.get)
+    rounds = len(tps[fixed[0]])
+    head = "| config | " + " | ".join(f"round {i + 1}" for i in range(rounds))
+    lines = [
+        f"batch {batch}: generation tok/s per round (ABBA), best fixed K here: {best}",
+        head + " | mean ± half-range | / K=0 | / best fixed K | units at K only to explore |",
+        "|---" * (rounds + 5) + "|",
+    ]
+    for c in res["configs"]:
+        half = (max(tps[c]) - min(tps[c])) / 2
+        explore = "-"
+        if c == "adaptive":
+            logged = [r["units_explored"] for r in runs[c]]
+            if all(x is not None for x in logged):
+                explore = "/".join(str(x) for x in logged) + " (run log)"
+            else:
+                proxy = "/".join(str(off_main_k(r["k_units"])) for r in runs[c])
+                explore = f"{proxy} (off main K)"
+        cells = " | ".join(f"{x:.1f}" for x in tps[c])
+        lines.append(
+            f"| {c} | {cells} | {mean[c]:.1f} ± {half:.1f} | {ratio(tps[c], tps[fixed[0]])} "
+            f"| {ratio(tps[c], tps[best])} | {explore} |"
+        )
+    lines.append("oracle K per round: " + "; ".join(_kmap(m) for m in res["oracle_k"]))
+    for i, r in enumerate(runs["adaptive"], 1):
+        used = {
+            d: ",".join(f"{k}x{n}" for k, n in sorted(ks.items())) for d, ks in r["k_units"].items()
+        }
+        lines.append(f"adaptive round {i}, units at K (KxN): " + _kmap(used))
+    lines.append(
+        f"adaptive / best fixed {best}: {ratio(tps['adaptive'], tps[best])} (target >= 1.00), "
+        f"adaptive / oracle: {ratio(tps['adaptive'], tps['oracle'])} (target >= 0.97)"
+    )
+    a_best = mean["adaptive"] / mean[best]
+    a_oracle = mean["adaptive"] / mean["oracle"]
+    return lines, a_best, a_oracle
+
+
+def _kmap(m: dict[str, Any]) -> str:
+    return " ".join(f"{d}={v}" for d, v in sorted(m.items()))
+
+
+def report(result: dict[str, Any]) -> None:
+    """Every batch size's table, then the verdict line for the last one."""
+    print(result["setting"])
+    verdict = None
+    for batch, res in result["batches"].items():
+        lines, a_best, a_oracle = table(int(batch), res)
+        print("\n" + "\n".join(lines))
+        verdict = (
+            f"adaptive / best fixed K: {a_best:.3f} (batch {batch}), "
+            f"adaptive / per-domain oracle: {a_oracle:.3f}"
+        )
+    if verdict:
+        print("\n" + verdict)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_long.yaml"))
+    ap.add_argument("--batches", default="1,8", help="comma list of batch sizes (default 1,8)")
+    ap.add_argument("--rows", type=int, default=144, help="rows, balanced over domains")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--unit-rows", type=int, default=8, help="rows per work unit (default 8)")
+    ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (default 2)")
+    ap.add_argument("--engine", choices=["tree", "vllm"], default="tree")
+    ap.add_argument("--k-grid", default=None, help="comma list (default: the job's k_grid)")
+    ap.add_argument("--save", type=Path, help="write the measurements as JSON here")
+    ap.add_argument("--table", type=Path, help="print the table of a saved JSON; run nothing")
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse()
+    if args.table:
+        report(json.loads(args.table.read_text()))
+        return
+    from batchspec.spec_file import load_spec
+
+    grid = args.k_grid or ",".join(map(str, load_spec(args.job).speculative.k_grid))
+    args.k_grid = sorted(int(k) for k in grid.split(","))
+    if 0 not in args.k_grid:
+        raise SystemExit("--k-grid must include 0 (plain decoding is the baseline)")
+    batches = [int(b) for b in args.batches.split(",")]
+    with tempfile.TemporaryDirectory(prefix="bench-k-choice-") as name:
+        tmp = Path(name)
+        counts = subset(args.job, args.rows, tmp / "in.parquet")
+        setting = (
+            f"{sum(counts.values())} rows ({_kmap(counts)}), job {Path(args.job).name}, engine "
+            f"{args.engine}, K grid {args.k_grid}, max_tokens {args.max_tokens}, unit_rows "
+            f"{args.unit_rows}, batches {batches}, {args.rounds} ABBA rounds; every figure from "
+            "batchspec run's log (generation tok/s, engine start excluded)"
+        )
+        print(setting, flush=True)
+        result: dict[str, Any] = {"setting": setting, "batches": {}}
+        for batch in batches:
+            result["batches"][str(batch)] = bench_batch(args, tmp / "in.parquet", tmp, batch)
+            if args.save:
+                args.save.write_text(json.dumps(result, indent=1) + "\n")
+    report(result)
+
+
+if __name__ == "__main__":
+    main()
