@@ -201,9 +201,12 @@ def long_summary(
     else:
         module = MODULES[(n // 2) % len(MODULES)]
         ask = f"{rng.choice(DOCS_ASKS)}\n\nDocumentation of the {module} module:"
-        paragraphs = docs[module]
+        # Paragraph by paragraph (a function's docstring may be long), so that the budget fills.
+        paragraphs = [q for p in docs[module] for q in p.split("\n\n") if q.strip()]
         start = rng.randrange(len(paragraphs) // 3) if n // 2 >= len(MODULES) else 0
-        chosen = filler.fill(paragraphs[start:], tokens - filler.count(ask), first=True)
+        chosen = filler.fill(
+            paragraphs[start:] + paragraphs[:start], tokens - filler.count(ask), first=True
+        )
         body = "\n\n".join(chosen)
     return _row(system, f"{ask}\n\n{body}", f"long_summarization-{n:04d}", "long_summarization")
 
