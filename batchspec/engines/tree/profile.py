@@ -6,9 +6,9 @@ nobody ran is unknown). So it is measured once, up front, where it is cheap: syn
 through the real verify forward (``TreeModel.verify``; nodes 0 is a plain decode step, a
 tree of the root alone) for each node count of the job's grid at the batch sizes the run
 will see (powers of two up to ``max_num_seqs``, and ``max_num_seqs``), behind a context of
-``CONTEXT`` cached tokens, the median of a few repetitions after a warm-up. A cell costs one
-forward per repetition; the whole table for the default grid at batch 8 is about a hundred
-forwards (seconds on a CPU, well under one on a GPU).
+``CONTEXT`` cached tokens, the median of up to ``REPEATS`` repetitions after a warm-up (fewer
+for a cell whose forwards take long). The default grid (6 node counts) at batch 8 is 24 cells:
+4.4 s on this 2-core CPU for 16 of them with the embedded model (``scripts/bench_step_profile.py``).
 
 The table is cached per machine, model, dtype, device and thread count in the user's cache
 (``$BATCHSPEC_CACHE``, else ``$BATCHSPEC_HOME``, else ``~/.cache/batchspec``; under
@@ -43,7 +43,10 @@ CONTEXT = 256
 """Cached tokens behind every measured row: attention cost grows with context, and a few
 hundred is where the job's rows spend most steps; real steps correct the rest."""
 REPEATS = 3
-"""Timed forwards per cell, after one untimed warm-up: the median is kept."""
+"""Timed forwards per cell at most, after one untimed warm-up: the median is kept."""
+CELL_BUDGET_S = 0.2
+"""Timed seconds after which a cell stops repeating: a forward that long varies little
+between repetitions, and the widest cells would otherwise cost most of the profile."""
 REFINE_WEIGHT = 0.05
 """Weight of each real step in the running real/predicted ratio (about the last 20 steps)."""
 
@@ -161,14 +164,16 @@ def measure_cell(model: TreeModel, slots: list[int], nodes: int, repeats: int) -
     lens = torch.tensor([model.cache.lens[s] for s in slots]).unsqueeze(1)
     positions = lens + torch.arange(n).unsqueeze(0)
     mask = torch.ones(n, n, dtype=torch.bool).tril().expand(b, n, n).contiguous()
-    times = []
-    for i in range(repeats + 1):
+    times: list[float] = []
+    warm = False
+    while len(times) < repeats and sum(times) < CELL_BUDGET_S:
         started = time.perf_counter()
         model.verify(slots, tokens, positions, mask)
         if str(model.device).startswith("cuda"):
             torch.cuda.synchronize()
-        if i:
+        if warm:
             times.append(time.perf_counter() - started)
+        warm = True
     return statistics.median(times)
 
 

@@ -1,0 +1,134 @@
+"""How well the tree engine's step profile (``engines/tree/profile.py``) predicts its real steps,
+and what the profile costs. Embedded model, the job's dtype, greedy, CPU (or the GPU there).
+
+1. An engine at batch ``--batch`` is built with an empty profile cache: its profile is
+   measured (the first run's cost), then a second engine loads it (a later run's cost).
+2. The sample's rows run through that engine in units at mixed K (``--ks``, dealt out in
+   turn: rows of every K share the batch, as with per-domain K), and every step's real
+   seconds are set against two predictions made before the step is fed back: the measured
+   forward alone (``forward_seconds``) and the profile refined by the steps so far
+   (``seconds``, what the K controller reads).
+
+3. The same rows at K=0 on that engine (every unit at K=0): each row of the mixed-K pass must
+   be token-identical to it (greedy, the job's float32: the real model's check of K per unit).
+
+Printed: per node count (the widest tree of the step; 0 = plain decoding), steps, mean real
+ms, and the median absolute error and the summed-time ratio of both predictions.
+
+    flock /tmp/batchspec-heavy.lock .venv/bin/python scripts/bench_step_profile.py
+    .venv/bin/python scripts/bench_step_profile.py --job jobs/synth_long.yaml --batch 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _tree_bench_lib import sample, variant  # noqa: E402
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_tree.yaml"))
+    ap.add_argument("--rows", type=int, default=3, help="first N prompts of every domain")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--ks", default="0,2,4,8", help="the units' K, dealt out row by row")
+    return ap.parse_args()
+
+
+class Recorder:
+    """Wraps ``StepProfile.observe``: each real step beside its two predictions."""
+
+    def __init__(self, profile) -> None:
+        self.profile, self.observe = profile, profile.observe
+        self.steps: list[tuple[int, int, float, float, float]] = []
+        profile.observe = self
+
+    def __call__(self, batch: int, nodes: int, seconds: float) -> None:
+        p = self.profile
+        self.steps.append(
+            (batch, nodes, seconds, p.forward_seconds(batch, nodes), p.seconds(batch, nodes))
+        )
+        self.observe(batch, nodes, seconds)
+
+
+def units(smp, ks: list[int]):
+    from batchspec.units import UnitRequests, WorkUnit
+
+    out = []
+    for i, k in enumerate(ks):
+        rows = smp.rows[i :: len(ks)]
+        unit = WorkUnit(0, smp.unit.path, i, i + 1, f"k{k}", len(rows))
+        out.append(UnitRequests(unit, rows, k=k))
+    return out
+
+
+def report(steps: list[tuple[int, int, float, float, float]]) -> None:
+    by_nodes: dict[int, list] = defaultdict(list)
+    for s in steps:
+        by_nodes[s[1]].append(s)
+    print(f"{'nodes':>5} {'steps':>6} {'real ms':>8}  {'forward: med err':>16} {'sum ratio':>9}"
+          f"  {'refined: med err':>16} {'sum ratio':>9}")  # fmt: skip
+    for nodes, group in [*sorted(by_nodes.items()), ("all", steps)]:
+        real = [g[2] for g in group]
+        cols = []
+        for idx in (3, 4):
+            pred = [g[idx] for g in group]
+            err = statistics.median(abs(p / r - 1) for p, r in zip(pred, real, strict=True))
+            cols.append(f"{100 * err:>15.1f}% {sum(pred) / sum(real):>9.2f}")
+        mean_ms = 1000 * statistics.mean(real)
+        print(f"{nodes!s:>5} {len(group):>6} {mean_ms:>8.1f}  {cols[0]}  {cols[1]}")
+
+
+def main() -> None:
+    args = parse()
+    os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="profile-bench-")
+    from batchspec.engines import ListSource, open_engine
+    from batchspec.spec_file import load_spec
+
+    spec = load_spec(args.job, [f"sampling.max_tokens={args.max_tokens}"])
+    ks = [int(k) for k in args.ks.split(",")]
+    job = variant(spec, args.batch, spec.speculative.tree.model_dump())
+    job = job.model_copy(
+        update={"speculative": job.speculative.model_copy(update={"k_grid": sorted(set(ks))})}
+    )
+    smp = sample(spec, args.rows)
+    eng = open_engine(job, max(ks))
+    profile = eng.step_profile
+    cells = len(profile.batches) * len(profile.nodes)
+    print(f"profile: {cells} cells (batches {profile.batches} x nodes {profile.nodes}), "
+          f"measured in {profile.measured_s:.2f} s (first run)")  # fmt: skip
+    eng.close()
+    eng = open_engine(job, max(ks))
+    started = time.perf_counter()
+    profile = eng.step_profile
+    print(f"profile loaded by a second build in {time.perf_counter() - started:.4f} s")
+    rec = Recorder(profile)
+    started = time.perf_counter()
+    done = list(eng.run(ListSource(units(smp, ks)), lambda: False))
+    wall = time.perf_counter() - started
+    tokens = sum(r.num_output_tokens or 0 for d in done for r in d.results)
+    print(f"{len(smp.rows)} rows at K {ks} (batch {args.batch}): {len(rec.steps)} steps, "
+          f"{tokens} tokens in {wall:.1f} s; per-step real vs predicted:")  # fmt: skip
+    report(rec.steps)
+    plain = list(eng.run(ListSource(units(smp, [0] * len(ks))), lambda: False))
+    eng.close()
+    want = {r.request.row: r.token_ids for d in plain for r in d.results}
+    got = {r.request.row: r.token_ids for d in done for r in d.results}
+    same = sum(want[row] == got[row] for row in want)
+    print(f"mixed-K rows identical to K=0: {same}/{len(want)}")
+
+
+if __name__ == "__main__":
+    main()
