@@ -200,18 +200,23 @@ def test_the_scheduler_decides_again_only_when_something_changed(
     assert len(counted) == 2
 
 
-def test_live_workers_are_the_holders_of_fresh_leases(tmp_path: Path) -> None:
+def test_live_workers_are_the_workers_with_a_heartbeat_record(tmp_path: Path) -> None:
     out = OutDir(tmp_path)
     one = Leases(out, "w1", timeout_s=60, heartbeat_s=10)
     two = Leases(out, "w2", timeout_s=60, heartbeat_s=10)
+    one.beat()
+    two.beat()
     assert one.try_claim("u1") and two.try_claim("u2") and two.try_claim("u3")
     assert LeaseDir(out, 60).live_holders() == {"w1", "w2"}
     assert one.live_workers() == 2
     old = time.time() - 120
-    for uid in ("u2", "u3"):
-        os.utime(out.lease(uid), (old, old))  # w2 stopped beating
+    for path in (out.lease("u2"), out.lease("u3"), out.progress("w2")):
+        os.utime(path, (old, old))  # w2 stopped beating
     assert LeaseDir(out, 60).live_holders() == {"w1"}
-    assert Leases(out, "w3", timeout_s=60, heartbeat_s=10).live_workers() == 2
+    three = Leases(out, "w3", timeout_s=60, heartbeat_s=10)
+    three.beat()
+    assert three.try_claim("u2")  # taken over from a dead holder: its record goes
+    assert not out.progress("w2").exists() and three.live_workers() == 2
 
 
 # -- tuning files ---------------------------------------------------------------------------

@@ -6,8 +6,13 @@ for a path rather than joining names of its own::
 
     OUT/
       manifest.json   spec hash, input fingerprint, limit, units: binds the directory to one run
-      parts/          one Parquet file per committed work unit (<unit_id>.parquet)
-      leases/         claims of units in flight (<unit_id>.lease), each worker's progress
+      parts/          one Parquet file per committed work unit (<unit_id>.parquet); in a run
+                      of FANOUT_UNITS units or more, fanned out into subdirectories of about
+                      BUCKET_UNITS consecutive units each (parts/<bucket>/<unit_id>.parquet,
+                      marked by parts/.fanout)
+      leases/         claims of units in flight (<unit_id>.lease), and one heartbeat record
+                      per running worker (<worker>.progress.json: rows finished per unit it
+                      holds), rewritten every heartbeat: the heartbeat of all its leases
       progress/       one progress record per worker invocation (<worker>.json): counters and
                       recent samples, kept after it ends (live progress, status)
       job.json        the job spec of the latest run (export's dataset card, input order)
@@ -21,12 +26,20 @@ for a path rather than joining names of its own::
       staged/         input files with large row groups, copied once into one row group per
                       unit (<stem>-<key>/s<first row>.parquet) so a unit read costs its rows
 
+Fan-out is chosen once per directory, when its first run binds it (``choose_layout``): a
+directory holding flat parts stays flat, so directories of earlier versions read and resume as
+they are; every reader goes through ``part``, ``part_files`` and ``committed_units``, which know
+both layouts. (A worker of a version before fan-out must not run into a fanned-out directory:
+it would not see the parts there.)
+
 Files being written are dot-named temporaries beside their final name (``temp_name``), carrying
 the writer's host and pid, so that one left behind by a kill can be told from one still in use.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import re
 import socket
@@ -35,7 +48,26 @@ from pathlib import Path
 
 PART_SUFFIX = ".parquet"
 LEASE_SUFFIX = ".lease"
+HEARTBEAT_SUFFIX = ".progress.json"
 TEMP_SUFFIX = ".tmp"
+FANOUT_MARK = ".fanout"
+FANOUT_UNITS = 4096
+"""Runs of this many units or more fan their parts out into subdirectories."""
+BUCKET_UNITS = 1024
+"""Consecutive units per subdirectory of a fanned-out parts/ (one listing tells a worker
+walking the plan which of them are done)."""
+_UNIT_ID = re.compile(r"^f(\d+)-r(\d+)-(\d+)")
+
+
+def bucket_of(unit_id: str) -> str:
+    """The subdirectory of a unit's part in a fanned-out parts/: file and row range, so
+    consecutive units share one (a unit id of another form goes by its hash)."""
+    m = _UNIT_ID.match(unit_id)
+    if m is None:
+        return "h" + hashlib.sha1(unit_id.encode()).hexdigest()[:3]
+    file, start, stop = (int(g) for g in m.groups())
+    span = max(stop - start, 1) * BUCKET_UNITS
+    return f"f{file:04d}-b{start // span:06d}"
 
 
 def host_tag() -> str:
@@ -63,6 +95,12 @@ def on_this_host(host: str) -> bool:
     return host == host_tag()
 
 
+def create_mark(path: Path) -> None:
+    """Create an empty marker file unless it exists (racing creators all succeed)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+
+
 class OutDir:
     """An output directory: the paths in it, and what is committed there.
 
@@ -74,6 +112,8 @@ class OutDir:
         self.root = Path(root)
         self._part_rows: dict[str, int] = {}
         """Row counts of parts already read, by file name (a part's row count never changes)."""
+        self._fanout: bool | None = None
+        """Whether parts/ is fanned out, once known (a directory never changes layout)."""
 
     def __repr__(self) -> str:
         return f"OutDir({str(self.root)!r})"
@@ -91,12 +131,44 @@ class OutDir:
     def parts(self) -> Path:
         return self.root / "parts"
 
+    @property
+    def fanout(self) -> bool:
+        """Whether parts are fanned out: asked of the directory once (its first run chose,
+        ``choose_layout``, before any part was written or any worker read one)."""
+        if self._fanout is None:
+            self._fanout = (self.parts / FANOUT_MARK).exists()
+        return self._fanout
+
+    def choose_layout(self, num_units: int) -> None:
+        """At a run's start: fan parts out if the run is large and no flat part is there yet
+        (every worker of a run decides alike; the mark makes it the directory's for good)."""
+        if self.fanout or num_units < FANOUT_UNITS:
+            return
+        self.parts.mkdir(parents=True, exist_ok=True)
+        if any(p.is_file() for p in self.parts.glob(f"*{PART_SUFFIX}")):
+            return
+        create_mark(self.parts / FANOUT_MARK)
+        self._fanout = True
+
+    def part_dir(self, unit_id: str) -> Path:
+        """The directory a unit's part is committed in."""
+        return self.parts / bucket_of(unit_id) if self.fanout else self.parts
+
     def part(self, unit_id: str) -> Path:
-        return self.parts / f"{unit_id}{PART_SUFFIX}"
+        return self.part_dir(unit_id) / f"{unit_id}{PART_SUFFIX}"
 
     def commit_lock(self, unit_id: str) -> Path:
         """Serializes commits of a unit where the filesystem has no hard links."""
-        return self.parts / f".{unit_id}{PART_SUFFIX}.commit"
+        return self.part_dir(unit_id) / f".{unit_id}{PART_SUFFIX}.commit"
+
+    def parts_in(self, folder: Path) -> set[str]:
+        """Unit ids committed in one directory of parts (one listing)."""
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return set()
+        n = len(PART_SUFFIX)
+        return {x[:-n] for x in names if x.endswith(PART_SUFFIX) and not x.startswith(".")}
 
     @property
     def leases(self) -> Path:
@@ -106,11 +178,12 @@ class OutDir:
         return self.leases / f"{unit_id}{LEASE_SUFFIX}"
 
     def progress(self, worker: str) -> Path:
-        """A worker's progress record: rows finished per unit it holds, rewritten per beat."""
-        return self.leases / f"{worker}.progress.json"
+        """A worker's heartbeat record: rows finished per unit it holds, rewritten per beat."""
+        return self.leases / f"{worker}{HEARTBEAT_SUFFIX}"
 
     def progress_files(self) -> list[Path]:
-        return sorted(self.leases.glob("*.progress.json")) if self.leases.is_dir() else []
+        """The heartbeat records of running workers (and of killed ones, until taken over)."""
+        return sorted(self.leases.glob(f"*{HEARTBEAT_SUFFIX}")) if self.leases.is_dir() else []
 
     @property
     def progress_dir(self) -> Path:
@@ -119,6 +192,16 @@ class OutDir:
     def progress_record(self, worker: str) -> Path:
         """A worker invocation's progress record (``work.progress``), kept after it ends."""
         return self.progress_dir / f"{worker}.json"
+
+    @property
+    def progress_summary(self) -> Path:
+        """All records added up by one worker (``work.progress``), for the others to read."""
+        return self.progress_dir / ".summary.json"
+
+    @property
+    def progress_lead(self) -> Path:
+        """The lock of the worker that writes the summary."""
+        return self.progress_dir / ".summary.lock"
 
     def progress_records(self) -> list[Path]:
         if not self.progress_dir.is_dir():
@@ -180,8 +263,14 @@ class OutDir:
         return self.staged / f"{name}.lock"
 
     def temp_dirs(self) -> list[Path]:
-        """Where writers leave temporaries: the root (manifest), parts/ and staged/."""
-        return [self.root, self.parts, self.staged]
+        """Where writers leave temporaries: the root (manifest), parts/ (and its
+        subdirectories) and staged/."""
+        return [self.root, self.parts, *self._buckets(), self.staged]
+
+    def _buckets(self) -> list[Path]:
+        if not self.fanout:
+            return []
+        return sorted(p for p in self.parts.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     # -- what is committed --------------------------------------------------------------------
 
@@ -189,7 +278,10 @@ class OutDir:
         """Committed parts, sorted by unit id (temporary files are dot-named and left out)."""
         if not self.parts.is_dir():
             return []
-        return sorted(p for p in self.parts.glob(f"*{PART_SUFFIX}") if not p.name.startswith("."))
+        found = [p for p in self.parts.glob(f"*{PART_SUFFIX}") if not p.name.startswith(".")]
+        for folder in self._buckets():
+            found += [folder / f"{u}{PART_SUFFIX}" for u in self.parts_in(folder)]
+        return sorted(found, key=lambda p: p.name)
 
     def committed_units(self) -> set[str]:
         """Unit ids whose part is in place under its final name."""

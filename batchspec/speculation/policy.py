@@ -89,9 +89,9 @@ class KPolicy:
         return self.ctl.version, self.build_s
 
     def refresh(self) -> None:
-        """Take in the units other workers committed: at most every ``REFRESH_S`` seconds,
-        and at the first call after this worker committed one."""
-        if not self.adaptive or time.monotonic() - self._read_at < REFRESH_S:
+        """Take in the units other workers committed: every ``REFRESH_S`` seconds, or less
+        often with many workers (``SharedStats.pace_s``: a file read per 5 s)."""
+        if not self.adaptive or time.monotonic() - self._read_at < self.shared.pace_s(REFRESH_S):
             return
         self._read_at = time.monotonic()
         for ob in self.shared.read_new():
@@ -120,7 +120,6 @@ class KPolicy:
             ob.engine = self.engine
             self.ctl.add(ob)
             self.shared.append(ob)
-            self._read_at = -math.inf
 
     def decide(self, rows: dict[Domain, int], engine_k: int | None, workers: int = 1) -> Decision:
         """The plan and the probe for the rows left (``workers`` share them), in one pass."""

@@ -3,16 +3,30 @@
 Every worker appends one observation per committed unit to ``stats/<worker>.jsonl`` and reads
 the others' new lines, so every K controller of a run learns from every unit. (What ``batchspec
 tune`` measured before the run comes from the tuning file: ``tuning``.)
+
+Reading every worker's file costs a shared filesystem one open per file, so with many workers
+it is paced (``pace_s``): at most one file per ``FILE_S`` seconds on average, however many workers
+write. At 1,000 workers a worker learns the others' units up to a few hours late, which a K
+controller that also learns from its own units can afford; a handful of workers share them
+within seconds. Files of workers that ended long ago are read once more at most
+(``FINISHED_S``), so requeued workers' files do not pile up in every read.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 from batchspec.io.layout import OutDir
 from batchspec.speculation.estimator import Observation
+
+FILE_S = 5.0
+"""Seconds of pacing per file read: the others' files are read every ``FILE_S`` × files."""
+FINISHED_S = 3600.0
+"""A file unchanged for this long (its worker ended or died) is not read again."""
 
 
 class SharedStats:
@@ -22,24 +36,43 @@ class SharedStats:
         self.dir = out.stats
         self.path = out.stats_file(worker)
         self._offsets: dict[Path, int] = {}
+        self._files = 0
+        """Other workers' files at the last read."""
+        self._finished: set[str] = set()
+        """Files unchanged for ``FINISHED_S`` at a read: skipped from then on."""
+        self._made = False
+
+    def pace_s(self, period_s: float) -> float:
+        """Seconds between reads: ``period_s``, or ``FILE_S`` per file if longer."""
+        return max(period_s, FILE_S * self._files)
 
     def append(self, ob: Observation) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self._made:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._made = True
         with open(self.path, "a") as fh:
             fh.write(json.dumps(asdict(ob)) + "\n")
-        # Our own lines are added to the controller directly: skip them when reading.
-        self._offsets[self.path] = self.path.stat().st_size
+            # Our own lines are added to the controller directly: skip them when reading.
+            self._offsets[self.path] = fh.tell()
 
     def read_new(self) -> list[Observation]:
         """Observations appended by any worker since the last call (whole lines only)."""
         found: list[Observation] = []
-        if not self.dir.is_dir():
+        try:
+            names = sorted(n for n in os.listdir(self.dir) if n.endswith(".jsonl"))
+        except FileNotFoundError:
             return found
-        for path in sorted(self.dir.glob("*.jsonl")):
+        self._files = len(names) - (self.path.name in names)
+        for name in names:
+            path = self.dir / name
+            if name in self._finished:
+                continue
             start = self._offsets.get(path, 0)
             with open(path, "rb") as fh:
                 fh.seek(start)
                 data = fh.read()
+                if time.time() - os.fstat(fh.fileno()).st_mtime > FINISHED_S:
+                    self._finished.add(name)
             end = data.rfind(b"\n") + 1
             for line in data[:end].splitlines():
                 if line.strip():

@@ -4,6 +4,15 @@ A worker takes the units its scheduler offers, skips what is committed or failed
 claims the rest by lease, and comes back now and then to units other workers held (a holder
 that stops hands them back; a dead one's lease goes stale). Units an engine failure
 interrupted come back first.
+
+At a thousand workers on one shared filesystem, what each claim costs its metadata server is
+what matters (``docs/fleet.md``): workers walk the plan from different points (``striped``),
+so they do not all race for the same first units and then trail each other; a worker learns
+which units are done from one listing of a directory of parts (``DoneIndex``: ~1,000 units
+in a fanned-out directory), not a stat per unit; and it looks again at units others hold a
+few at a time, not all of them every second while it waits at the end. A worker that runs
+into a unit another holds jumps to the middle of what is left instead of trailing the holder
+(work stealing by halves: a conflict or two per stretch of free units).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import part_error_positions
 from batchspec.units import UnitRequests, UnitResult, WorkUnit
+from batchspec.work.indexes import HELD_S, LIST_S, DoneIndex, HeldIndex
 from batchspec.work.leases import Leases
 from batchspec.work.quarantine import Quarantine
 from batchspec.work.scheduler import Scheduler
@@ -26,6 +36,11 @@ from batchspec.work.stopping import StopFlag
 
 REVISIT_S = 2.0
 """How often a worker looks again at units other workers held."""
+REVISIT_UNITS = 8
+"""Units held by others looked at again per visit (the rest wait their turn)."""
+REVISIT_MAX_PART = 0.25
+"""A unit held by a live worker is looked at again when its lease could first go stale, but
+after at most this part of the lease timeout (a holder that stops hands it back sooner)."""
 
 
 class FailureLog:
@@ -38,6 +53,18 @@ class FailureLog:
     def __init__(self, out: OutDir, run: str):
         self.out = out
         self.run = run
+        self._listed: tuple[float, set[str]] = (-float("inf"), set())
+        """Unit ids with a failure record, as last listed (every ``LIST_S``)."""
+
+    def _recorded(self, unit_id: str) -> bool:
+        at, names = self._listed
+        if time.monotonic() - at >= LIST_S:
+            try:
+                names = {n[: -len(".json")] for n in os.listdir(self.out.failed)}
+            except FileNotFoundError:
+                names = set()
+            self._listed = (time.monotonic(), names)
+        return unit_id in names
 
     def record(self, unit: WorkUnit, attempts: int, error: str) -> None:
         self.out.failed.mkdir(parents=True, exist_ok=True)
@@ -52,14 +79,23 @@ class FailureLog:
         tmp = self.out.failed / f".{unit.unit_id}.{uuid.uuid4().hex[:8]}"
         tmp.write_text(json.dumps(data) + "\n")
         os.replace(tmp, self.out.failure(unit.unit_id))
+        self._listed[1].add(unit.unit_id)
 
     def failed_in_this_run(self, unit_id: str) -> bool:
+        """A failure record of this run (another worker's is seen within ``LIST_S``)."""
+        if not self._recorded(unit_id):
+            return False
         try:
             return json.loads(self.out.failure(unit_id).read_text())["run_id"] == self.run
         except (FileNotFoundError, ValueError, KeyError):
             return False
 
     def clear(self, unit_id: str) -> None:
+        """Remove a unit's record once it committed (one listed, or written meanwhile: a
+        record left behind counts for nothing once the unit's part is there)."""
+        if not self._recorded(unit_id):
+            return
+        self._listed[1].discard(unit_id)
         with contextlib.suppress(FileNotFoundError):
             self.out.failure(unit_id).unlink()
 
@@ -73,28 +109,62 @@ class Claims:
         self.failures = failures
         self.error_rows = error_rows
         """Committed units whose error rows are to be generated again (--retry-errors)."""
-        self.deferred: list[WorkUnit] = []
-        """Units held by other workers when we came by: looked at again later."""
+        self.deferred: deque[WorkUnit] = deque()
+        """Units held by other workers when we came by: looked at again later, oldest first."""
         self._again: deque[WorkUnit] = deque()
         self._revisited = time.monotonic()
+        self.skipped: deque[WorkUnit] = deque()
+        """Units left to a worker that walks ahead of us (``_jump``), taken once the plan is."""
+        self._not_before: dict[str, float] = {}
+        """Per deferred unit: when looking again could find it free."""
+        self.done = DoneIndex(out)
+        self.held = HeldIndex(out)
 
     def next(self, scheduler: Scheduler, k: int, revisit_now: bool = False) -> WorkUnit | None:
         """The next unit to run at K that this worker could claim, or None for now."""
-        if revisit_now:
-            self._revisited = 0.0
+        if revisit_now and time.monotonic() - self._revisited >= REVISIT_S / 2:
+            self._revisited = -float("inf")  # a last look: not sooner than half the period
         while True:
+            walked = not self._again
             unit = self._again.popleft() if self._again else scheduler.next_unit(k)
+            if unit is None and self.skipped:
+                unit, walked = self.skipped.popleft(), False
             if unit is not None:
+                held = len(self.deferred)
                 if self.claim(unit):
                     return unit
+                if walked and len(self.deferred) > held:
+                    self._jump(scheduler, k)
                 continue
-            # Units other workers held: look again now and then, since a holder that stops
-            # (a signal, a crash) hands them back or lets its lease go stale.
+            # Units other workers held: look again now and then, a few at a time, since a
+            # holder that stops (a signal, a crash) hands them back or lets its lease go stale.
             if not self.deferred or time.monotonic() - self._revisited < REVISIT_S:
                 return None
-            self._again.extend(self.deferred)
-            self.deferred.clear()
-            self._revisited = time.monotonic()
+            self._revisit_due()
+
+    def _jump(self, scheduler: Scheduler, k: int) -> None:
+        """Walking the plan, we ran into a unit a live worker holds: it walks on from there,
+        so we leave it half of what is left (to ``skipped``: looked at once the rest is done,
+        when the done ones cost no more than a listing) and go on from the middle."""
+        rows = sum(scheduler.rows.values()) / 2
+        while rows > 0:
+            unit = scheduler.next_unit(k)
+            if unit is None:
+                break
+            self.skipped.append(unit)
+            rows -= unit.num_rows
+
+    def _revisit_due(self) -> None:
+        """Up to ``REVISIT_UNITS`` deferred units whose leases could be free by now, to
+        ``_again``; the others keep their turn."""
+        now = self._revisited = time.monotonic()
+        for _ in range(len(self.deferred)):
+            unit = self.deferred.popleft()
+            due = len(self._again) < REVISIT_UNITS
+            if due and self._not_before.get(unit.unit_id, 0.0) <= now:
+                self._again.append(unit)
+            else:
+                self.deferred.append(unit)
 
     def claim(self, unit: WorkUnit) -> bool:
         """Claim ``unit`` if it still needs work and nobody live holds it."""
@@ -102,11 +172,21 @@ class Claims:
         retrying = uid in self.error_rows
         if self.failures.failed_in_this_run(uid):
             return False
-        if not retrying and self.out.is_committed(uid):
+        if not retrying and self.done.done(uid):
+            return False
+        if self.held.held(uid) and uid not in self._not_before:
+            # Listed as held: looked at later, with no claim attempt now.
+            self.deferred.append(unit)
+            wait = min(HELD_S, self.leases.timeout_s * REVISIT_MAX_PART)
+            self._not_before[uid] = time.monotonic() + max(wait, REVISIT_S)
             return False
         if not self.leases.try_claim(uid):
             self.deferred.append(unit)  # a live worker holds it
+            timeout = self.leases.timeout_s
+            wait = min(timeout - self.leases.held_age, timeout * REVISIT_MAX_PART)
+            self._not_before[uid] = time.monotonic() + max(wait, REVISIT_S)
             return False
+        self._not_before.pop(uid, None)
         # Checked again under the lease: another worker may have finished it meanwhile.
         done = not part_error_positions(self.out, uid) if retrying else self.out.is_committed(uid)
         if done:

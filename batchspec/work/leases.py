@@ -1,10 +1,14 @@
 """Leases: how workers that share only a filesystem agree on who generates which unit.
 
 A worker claims a unit by creating ``leases/<unit_id>.lease`` with O_EXCL (atomic on local
-filesystems and NFSv3+), keeps it fresh by touching it (the heartbeat), and removes it once the
-unit's part is committed or given up. A lease is stale, and may be taken over, when its
-heartbeat is older than the timeout, or at once when its holder ran on this host and that
-process is gone (a local rerun after kill -9 need not wait out the timeout).
+filesystems and NFSv3+), and removes it once the unit's part is committed or given up. Its
+heartbeat is one small record per worker, ``leases/<worker>.progress.json`` (rows finished per
+unit it holds), rewritten every ``heartbeat_s``: one write per beat however many units it
+holds, not a touch of every lease. A lease is stale, and may be taken over, when neither it
+nor its holder's record changed for longer than the timeout, or at once when its holder ran
+on this host and that process is gone (a local rerun after kill -9 need not wait out the
+timeout). Whoever takes a dead holder's lease over removes its record, so that records count
+the live workers (``live_workers``: one listing, no file read).
 
 Leases keep workers from doing the same work; they are not what makes output exactly-once.
 That is the part commit (link to the final name, first wins), so the rare race in which two
@@ -25,8 +29,11 @@ from pathlib import Path
 
 import psutil
 
-from batchspec.io.layout import LEASE_SUFFIX, OutDir
+from batchspec.io.layout import HEARTBEAT_SUFFIX, LEASE_SUFFIX, OutDir
 from batchspec.io.temps import create_exclusive
+
+COUNT_S = 30.0
+"""Live workers are counted (one listing of leases/) at most this often."""
 
 
 def _process_start(pid: int) -> float | None:
@@ -118,10 +125,24 @@ class LeaseDir:
             holder = None  # a lease being written right now, or torn by a crash
         return LeaseInfo(unit_id, holder, age)
 
+    def heartbeat_age(self, worker: str) -> float | None:
+        """Seconds since a worker's heartbeat record changed; None if it has none."""
+        try:
+            return time.time() - self.out.progress(worker).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    def age(self, info: LeaseInfo) -> float:
+        """Seconds since the lease or its holder's heartbeat record last changed."""
+        if info.holder is None or info.age_s <= self.timeout_s:
+            return info.age_s
+        beat = self.heartbeat_age(info.holder.worker)
+        return info.age_s if beat is None else min(info.age_s, beat)
+
     def is_stale(self, info: LeaseInfo) -> bool:
-        if info.age_s > self.timeout_s:
+        if info.holder is not None and info.holder.is_dead_here():
             return True
-        return info.holder is not None and info.holder.is_dead_here()
+        return self.age(info) > self.timeout_s
 
     def all(self) -> list[LeaseInfo]:
         """Every lease in the directory (for status reports)."""
@@ -129,7 +150,7 @@ class LeaseDir:
         for path in self.dir.glob(f"*{LEASE_SUFFIX}") if self.dir.is_dir() else []:
             info = self.read(path.name[: -len(LEASE_SUFFIX)])
             if info is not None:
-                infos.append(info)
+                infos.append(LeaseInfo(info.unit_id, info.holder, self.age(info)))
         return infos
 
     def live_holders(self) -> set[str]:
@@ -163,6 +184,12 @@ class Leases(LeaseDir):
         self.progress = progress
         """Rows finished per held unit, written beside the leases at every heartbeat."""
         self.progress_path = out.progress(worker)
+        self._beat_at = time.time()
+        """When this worker last beat (or started): leases are checked again after a gap."""
+        self._counted: tuple[float, int] = (-float("inf"), 1)
+        self.held_age = 0.0
+        """Heartbeat age of the live lease the last failed ``try_claim`` found: it cannot go
+        stale for ``timeout_s`` minus that (when a claimant need not look again sooner)."""
 
     def _create(self, unit_id: str) -> bool:
         if not create_exclusive(self.path(unit_id), self._payload):
@@ -178,14 +205,21 @@ class Leases(LeaseDir):
         info = self.read(unit_id)
         if info is None:
             return self._create(unit_id)
-        if not self.is_stale(info):
-            return False
+        dead = info.holder is not None and info.holder.is_dead_here()
+        if not dead:
+            self.held_age = self.age(info)
+            if self.held_age <= self.timeout_s:
+                return False
         # Re-read just before removing, so that a lease renewed or retaken meanwhile survives.
         again = self.read(unit_id)
         if again is None or again.holder != info.holder or again.age_s < info.age_s - 1:
             return False
         with contextlib.suppress(FileNotFoundError):
             self.path(unit_id).unlink()
+        if info.holder is not None and info.holder.worker != self.me.worker:
+            # Its holder is gone: its heartbeat record goes too (it counted a live worker).
+            with contextlib.suppress(FileNotFoundError):
+                self.out.progress(info.holder.worker).unlink()
         return self._create(unit_id)
 
     def release(self, unit_id: str) -> None:
@@ -204,8 +238,15 @@ class Leases(LeaseDir):
             self.release(unit_id)
 
     def live_workers(self) -> int:
-        """Live workers of the run, this one included."""
-        return len(self.live_holders() | {self.me.worker})
+        """Live workers of the run, this one included: their heartbeat records, from one
+        listing of leases/ (no file read), at most every ``COUNT_S``."""
+        at, count = self._counted
+        if time.monotonic() - at >= COUNT_S:
+            names = os.listdir(self.dir) if self.dir.is_dir() else []
+            workers = {n[: -len(HEARTBEAT_SUFFIX)] for n in names if n.endswith(HEARTBEAT_SUFFIX)}
+            count = len(workers | {self.me.worker})
+            self._counted = (time.monotonic(), count)
+        return count
 
     @property
     def held(self) -> set[str]:
@@ -213,22 +254,26 @@ class Leases(LeaseDir):
             return set(self._held)
 
     def beat(self) -> None:
-        """Touch every lease we hold; one taken over by another worker is forgotten."""
-        for unit_id in self.held:
-            info = self.read(unit_id)
-            if info is None or info.holder != self.me:
-                with self._lock:
-                    self._held.discard(unit_id)
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                os.utime(self.path(unit_id))
-        if self.progress is not None:
-            data = {"worker": self.me.worker, "time": time.time(), "units": self.progress()}
-            tmp = self.progress_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.progress_path)
+        """Rewrite our heartbeat record (every lease's heartbeat at once). After a gap of
+        half the timeout or more (a stall, a suspended process; the first beat), nobody
+        counted on our record: a lease taken over meanwhile is forgotten."""
+        now = time.time()
+        if now - self._beat_at >= self.timeout_s / 2:
+            for unit_id in self.held:
+                info = self.read(unit_id)
+                if info is None or info.holder != self.me:
+                    with self._lock:
+                        self._held.discard(unit_id)
+        self._beat_at = now
+        units = self.progress() if self.progress is not None else {}
+        data = {"worker": self.me.worker, "time": now, "units": units}
+        tmp = self.progress_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.progress_path)
 
     def start(self) -> None:
+        self.beat()
+
         def loop() -> None:
             while not self._stop.wait(self.heartbeat_s):
                 self.beat()

@@ -2,10 +2,12 @@
 
 A thread refreshes twice a second from this worker's counters (the rows its engine finished
 so far, unit by unit as they commit and row by row while they are open) and, every
-``SAMPLE_S``, rewrites this worker's progress record and reads the others' (O(workers ×
-domains) per read; nothing per part). On a terminal it draws a bar with a second line of
-acceptance per domain; elsewhere (Slurm logs, CI) it prints one summary line every
-``log_every`` seconds.
+``SAMPLE_S``, rewrites this worker's progress record. The others' records are read by one
+worker at a time, the holder of a lock (taken over when its holder goes silent; tried every
+``LEAD_S``), which writes their sum (``progress.write_summary``); the others read that sum,
+as often as they show it. A worker that shows nothing (``off``) reads nothing. On a terminal
+it draws a bar with a second line of acceptance per domain; elsewhere (Slurm logs, CI) it
+prints one summary line every ``log_every`` seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TextIO
 from tqdm import tqdm
 
 from batchspec.io.layout import OutDir
+from batchspec.io.temps import FileLock
 from batchspec.work.progress import (
     SAMPLE_S,
     ProgressLog,
@@ -26,6 +29,8 @@ from batchspec.work.progress import (
     acceptance,
     add_up,
     read_records,
+    read_summary,
+    write_summary,
 )
 
 REFRESH_S = 0.5
@@ -37,6 +42,8 @@ DOMAINS_SHOWN = 20
 SILENT_S = 60.0
 """A record not rewritten for this long (every SAMPLE_S while its worker runs) is a dead
 worker's: its open rows are lost work, not progress."""
+LEAD_S = 60.0
+"""How often a worker that does not write the summary tries to take the lock to write it."""
 
 
 def _clock(seconds: float | None) -> str:
@@ -90,6 +97,11 @@ class LiveProgress:
         self._bar: tqdm | None = None
         self._line: tqdm | None = None
         self.totals = RunTotals(rows_total)
+        self.lead = FileLock(out.progress_lead, SILENT_S)
+        self._leading = False
+        self._tried = -float("inf")
+        self._summed = False
+        """``_others`` is the summary: every worker's record, this one's included."""
 
     @staticmethod
     def mode_for(progress: bool, stream: TextIO | None = None) -> str:
@@ -111,30 +123,59 @@ class LiveProgress:
         self._thread.start()
 
     def _loop(self) -> None:
-        wrote = logged = time.monotonic()
+        wrote = logged = read = time.monotonic()
         while not self._stop.wait(REFRESH_S):
             now = time.monotonic()
             if now - wrote >= SAMPLE_S:
                 wrote = now
                 if self.log is not None:
                     self.log.write()
-                self._read_others()
+                # A log line shows the others every log_every; a bar or the summary's writer
+                # every SAMPLE_S.
+                if self.mode != "log" or self._leading or now - read >= self.log_every:
+                    read = now
+                    self._read_others()
             self.refresh()
             if self.mode == "log" and now - logged >= self.log_every:
                 logged = now
                 print(self.summary(), file=self.stream, flush=True)
 
     def _read_others(self) -> None:
-        """Add up the other workers' records (O(workers × domains), every SAMPLE_S)."""
+        """Add up the other workers' records (O(workers × domains)) if this worker writes
+        the summary (or is the launcher, which has no record); else read the summary."""
+        if self.log is not None and self.mode == "off":
+            return  # shown nowhere: nothing to read
+        if self.log is not None and not self._lead():
+            summary = read_summary(self.out, SILENT_S)
+            if summary is not None:
+                self._others, self._summed = summary, True
+            return
         others = read_records(self.out, skip=self.me)
         wall = time.time()
         live = {r["worker"] for r in others if not r["ended"] and wall - r["time"] < SILENT_S}
-        self._others = add_up(others, self.rows_total, live=live)
+        self._others, self._summed = add_up(others, self.rows_total, live=live), False
+        if self.log is not None:
+            mine = self.log.snapshot()
+            write_summary(
+                self.out, add_up([mine], self.rows_total, live={self.me}, base=self._others)
+            )
+
+    def _lead(self) -> bool:
+        """Whether this worker writes the summary: it holds the lock (refreshed here), or
+        took it now (tried every ``LEAD_S``)."""
+        if self._leading:
+            self.lead.refresh()
+            return True
+        if time.monotonic() - self._tried >= LEAD_S:
+            self._tried = time.monotonic()
+            self.out.progress_dir.mkdir(parents=True, exist_ok=True)
+            self._leading = self.lead.try_acquire()
+        return self._leading
 
     def refresh(self) -> RunTotals:
         """Totals as of now: this worker's live counters (O(domains) a refresh) plus the
         others' records as last read."""
-        mine = [self.log.snapshot()] if self.log is not None else []
+        mine = [self.log.snapshot()] if self.log is not None and not self._summed else []
         live = {r["worker"] for r in mine}
         self.totals = t = add_up(mine, self.rows_total, self.legacy, live, base=self._others)
         now = time.monotonic()
@@ -179,6 +220,8 @@ class LiveProgress:
             self.log.end()
         self._read_others()
         self.refresh()
+        if self._leading:
+            self.lead.release()
         if self.mode == "log":
             print(self.summary(), file=self.stream, flush=True)
         for bar in (self._line, self._bar):

@@ -9,6 +9,11 @@ rates over the last minutes. Records stay after their worker ends: the sum over 
 the run's progress, at O(workers × domains) per read. Parts committed without a record (by
 an older version, or by a worker killed between its commit and its record) are counted once at
 a worker's start from the listing it makes anyway (``legacy`` in ``RunTotals``).
+
+Reading every record costs one open per worker; with a thousand workers all doing it, that
+is the filesystem's load. So one worker at a time (``live.LiveProgress``, holding a lock)
+reads them all and writes their sum to ``progress/.summary.json``; the others read that one
+file (``write_summary``, ``read_summary``).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class ProgressLog:
         self._open: Callable[[], list[UnitRequests]] = list
         self._k: int | None = None
         self._sampled = 0.0
+        self._made = False
 
     def watch(self, open_units: Callable[[], list[UnitRequests]], k: int) -> None:
         """Where the units in flight are (the engine's source), and the engine's K."""
@@ -132,7 +138,9 @@ class ProgressLog:
     def write(self) -> dict[str, Any]:
         """Rewrite the record (atomically: readers never see half of it); returns it."""
         data = self.snapshot()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._made:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._made = True
         tmp = temp_name(self.path)
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.path)
@@ -259,3 +267,31 @@ def acceptance(dom: dict[str, Any]) -> tuple[float | None, float | None]:
     rate = dom["accepted"] / dom["drafted"] if dom["drafted"] else None
     length = 1 + dom["accepted"] / dom["steps"] if dom["steps"] else None
     return rate, length
+
+
+SUMMARY_VERSION = 1
+
+
+def write_summary(out: OutDir, totals: RunTotals) -> None:
+    """The run's totals as one small file, for the workers that do not read every record."""
+    data = {
+        "version": SUMMARY_VERSION,
+        "time": time.time(),
+        "totals": {**totals.__dict__, "domains": [[d, v] for d, v in totals.domains.items()]},
+    }
+    path = out.progress_summary
+    tmp = temp_name(path)
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def read_summary(out: OutDir, max_age_s: float) -> RunTotals | None:
+    """The latest summary, if one was written in the last ``max_age_s`` seconds."""
+    try:
+        data = json.loads(out.progress_summary.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("version") != SUMMARY_VERSION or time.time() - data["time"] > max_age_s:
+        return None
+    t = data["totals"]
+    return RunTotals(**{**t, "domains": {d: v for d, v in t["domains"]}})

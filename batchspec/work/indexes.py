@@ -1,0 +1,83 @@
+"""What a worker knows of the others' units without asking the filesystem unit by unit.
+
+At a thousand workers on one shared filesystem, what each claim costs the metadata server is
+what matters (``docs/fleet.md``). A worker learns which units are done from one listing of a
+directory of parts (``DoneIndex``: ~1,000 consecutive units in a fanned-out parts/), and which
+are held from one listing of leases/ (``HeldIndex``), each trusted a while; and the workers
+of a fleet start at different points of the plan (``striped``). A listing that is out of
+date costs a few operations (a claim attempt, a stat under the lease), never a duplicate:
+what is committed is decided under the lease, by the part itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from batchspec.io.layout import LEASE_SUFFIX, OutDir
+from batchspec.units import WorkUnit
+
+LIST_S = 120.0
+"""A listing of a directory of parts (or of failure records) is trusted this long; a unit
+committed since is caught under its lease (one stat), so staleness costs a few operations,
+never a duplicate."""
+
+
+def striped(units: list[WorkUnit], worker: str) -> list[WorkUnit]:
+    """The plan rotated to start at a point hashed from the worker's name: a fleet's workers
+    start spread over the plan, each walking a stretch of its own, instead of all racing for
+    the first units (the order within a domain is otherwise kept)."""
+    if not units:
+        return units
+    start = int(hashlib.sha1(worker.encode()).hexdigest()[:12], 16) % len(units)
+    return units[start:] + units[:start]
+
+
+HELD_S = 30.0
+"""A listing of leases/ is trusted this long: a unit it shows held is passed over without a
+claim attempt (and looked at again later); one taken since it was listed costs a conflict."""
+
+
+class HeldIndex:
+    """Which units other workers hold, from one listing of leases/ every ``HELD_S``."""
+
+    def __init__(self, out: OutDir):
+        self.out = out
+        self._listed: tuple[float, set[str]] = (-float("inf"), set())
+
+    def held(self, unit_id: str) -> bool:
+        at, names = self._listed
+        if time.monotonic() - at >= HELD_S:
+            try:
+                found = os.listdir(self.out.leases)
+            except FileNotFoundError:
+                found = []
+            n = len(LEASE_SUFFIX)
+            names = {x[:-n] for x in found if x.endswith(LEASE_SUFFIX)}
+            self._listed = (time.monotonic(), names)
+        return unit_id in names
+
+    def forget(self, unit_id: str) -> None:
+        """A unit this worker claimed or saw done: no longer someone else's."""
+        self._listed[1].discard(unit_id)
+
+
+class DoneIndex:
+    """Which units are committed, from listings of their directories of parts, each trusted
+    for ``LIST_S``: one listing covers ~1,000 consecutive units in a fanned-out parts/."""
+
+    def __init__(self, out: OutDir):
+        self.out = out
+        self._listed: dict[Path, tuple[float, set[str]]] = {}
+
+    def done(self, unit_id: str) -> bool:
+        folder = self.out.part_dir(unit_id)
+        at, names = self._listed.get(folder, (-float("inf"), set()))
+        if unit_id in names:
+            return True
+        if time.monotonic() - at >= LIST_S:
+            names = self.out.parts_in(folder)
+            self._listed[folder] = (time.monotonic(), names)
+        return unit_id in names

@@ -1,0 +1,345 @@
+"""One simulated worker of ``sim_fleet.py``: the product's coordination code, a stand-in engine.
+
+The loop mirrors ``work.worker.Worker`` (``run``, ``_run_group``, ``_drive``, ``_commit``) with
+the same objects; what differs is marked: the engine (``StandInEngine``: each unit "generates"
+for ``unit_s`` simulated seconds, ``depth`` units at once), the prompt builder (rows made up,
+no input read) and the K policy (``SimPolicy``: K fixed at 0, measurements shared as the
+adaptive policy shares them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from batchspec.io.layout import OutDir
+from batchspec.io.temps import clean_stale_temps
+from batchspec.io.writer import Commit, PartWriter, output_schema
+from batchspec.speculation import policy as policy_mod
+from batchspec.speculation import shared as shared_mod
+from batchspec.speculation.estimator import Observation
+from batchspec.speculation.policy import Decision
+from batchspec.speculation.shared import SharedStats
+from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
+from batchspec.work import claims as claims_mod
+from batchspec.work import leases as leases_mod
+from batchspec.work import live as live_mod
+from batchspec.work import progress as progress_mod
+from batchspec.work import scheduler as scheduler_mod
+from batchspec.work.claims import ClaimingSource, Claims, FailureLog
+from batchspec.work.leases import Holder, Leases
+from batchspec.work.live import LiveProgress
+from batchspec.work.progress import ProgressLog
+from batchspec.work.scheduler import Scheduler
+from batchspec.work.stopping import StopFlag
+
+try:
+    from batchspec.work import indexes as indexes_mod
+except ImportError:  # a version before the fleet work (the table's "before")
+    indexes_mod = None
+
+_PERIODS = [
+    (scheduler_mod, "COUNT_WORKERS_S"),
+    (shared_mod, "FILE_S"),
+    (shared_mod, "FINISHED_S"),
+    (claims_mod, "REVISIT_S"),
+    (claims_mod, "LIST_S"),
+    (claims_mod, "HELD_S"),
+    (indexes_mod, "LIST_S"),
+    (indexes_mod, "HELD_S"),
+    (policy_mod, "REFRESH_S"),
+    (progress_mod, "SAMPLE_S"),
+    (live_mod, "SAMPLE_S"),
+    (live_mod, "SILENT_S"),
+    (live_mod, "REFRESH_S"),
+    (leases_mod, "COUNT_S"),
+    (live_mod, "LEAD_S"),
+]
+"""The product's periods (those this version has), divided by the simulation's speed."""
+
+
+def scale_periods(speed: float) -> None:
+    for module, name in _PERIODS:
+        if hasattr(module, name):
+            setattr(module, name, getattr(module, name) / speed)
+
+
+def plan(units: int, rows: int) -> list[WorkUnit]:
+    """The fleet's work: ``units`` units of ``rows`` rows of one made-up input file."""
+    return [WorkUnit(0, "sim.parquet", i * rows, (i + 1) * rows, None, rows) for i in range(units)]
+
+
+_NULL = open(os.devnull, "w")  # noqa: SIM115 (the simulated workers' progress lines)
+
+
+class Vanished(Exception):
+    """The simulated worker was killed: it stops at once, releasing nothing."""
+
+
+class SimPolicy:
+    """Stand-in K policy: K 0 for every domain; shares observations as ``KPolicy`` does (one
+    line per committed unit, the others' new lines read every ``REFRESH_S``)."""
+
+    version = (0, None)
+    per_unit = False
+
+    def __init__(self, out: OutDir, worker: str):
+        self.shared = SharedStats(out, worker)
+        self._read_at = -math.inf
+
+    def refresh(self) -> None:
+        pace = getattr(self.shared, "pace_s", lambda period: period)  # as KPolicy.refresh
+        if time.monotonic() - self._read_at >= pace(policy_mod.REFRESH_S):
+            self._read_at = time.monotonic()
+            self.shared.read_new()
+
+    def decide(self, rows: dict, engine_k: int | None, workers: int = 1) -> Decision:
+        return Decision(dict.fromkeys(rows, 0), None)
+
+    def taken(self, domain: Any, explored: bool = False) -> None:
+        pass
+
+    def explores(self, domain: Any, planned: int, k: int) -> bool:
+        return False
+
+    def observe(self, ob: Observation) -> None:
+        self.shared.append(ob)
+        if not hasattr(self.shared, "pace_s"):  # earlier versions read again after a commit
+            self._read_at = -math.inf
+
+
+class Rows:
+    """Stand-in prompt builder: a unit's rows, made up (ids unique across the run)."""
+
+    def build(self, unit: WorkUnit, positions: list[int] | None = None) -> UnitRequests:
+        rows = [
+            RowRequest(r, f"{unit.unit_id}:{r}", unit.domain, {}, [1, 2, 3])
+            for r in range(unit.start, unit.stop)
+        ]
+        return UnitRequests(unit, rows)
+
+
+class SimSource(ClaimingSource):
+    """The real claiming source; only its idle wait is scaled to simulated time."""
+
+    speed = 1.0
+
+    def wait(self) -> None:
+        time.sleep((1.0 if self._linger_since is not None else 0.05) / self.speed)
+
+
+class StandInEngine:
+    """Holds up to ``depth`` units, each done ``unit_s`` after it was taken."""
+
+    k = 0
+    method = "none"
+    name = "vllm"
+
+    def __init__(self, unit_s: float, depth: int, dead: threading.Event):
+        self.unit_s, self.depth, self.dead = unit_s, depth, dead
+
+    def run(self, source: ClaimingSource, abort: Any) -> Any:
+        inflight: list[tuple[float, UnitRequests]] = []
+        while not abort():
+            while len(inflight) < self.depth:
+                unit = source.next_unit()
+                if unit is None:
+                    break
+                inflight.append((time.monotonic() + self.unit_s, unit))
+            if not inflight:
+                if source.exhausted():
+                    return
+                source.wait()
+                continue
+            inflight.sort(key=lambda x: x[0])
+            due, req = inflight[0]
+            while time.monotonic() < due:
+                if self.dead.wait(min(0.05, max(due - time.monotonic(), 0))):
+                    raise Vanished
+            inflight.pop(0)
+            req.finished = len(req.rows)
+            results = [RowResult(r, "x", 3, 1, "length", timing=None) for r in req.rows]
+            yield UnitResult(req, results, 0, "none", "vllm")
+
+
+class CountingClaims(Claims):
+    """``Claims`` with its outcomes recorded: claims (with their time) and conflicts (a claim
+    attempt that found the lease held by a live worker)."""
+
+    def __init__(self, *args: Any, t0: float, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.t0 = t0
+        self.claimed: list[tuple[float, str]] = []
+        self.conflicts = 0
+        self.conflict_times: list[float] = []
+
+        try_claim = self.leases.try_claim
+
+        def counted(unit_id: str) -> bool:
+            ok = try_claim(unit_id)
+            if not ok:
+                self.conflicts += 1
+                self.conflict_times.append(time.time() - self.t0)
+            return ok
+
+        self.leases.try_claim = counted  # type: ignore[method-assign]
+
+    def claim(self, unit: WorkUnit) -> bool:
+        ok = super().claim(unit)
+        if ok:
+            self.claimed.append((time.time() - self.t0, unit.unit_id))
+        return ok
+
+
+class SimWorker:
+    """One worker: ``work.worker.Worker``'s loop over the product's objects, in a thread."""
+
+    def __init__(self, cfg: dict, name: str, host: str, units: list[WorkUnit], t0: float):
+        speed = cfg["speed"]
+        self.cfg, self.name, self.t0, self.speed = cfg, name, t0, speed
+        self.out = OutDir(cfg["out"])
+        self.leases = Leases(
+            self.out,
+            name,
+            cfg["lease_timeout_s"] / speed,
+            cfg["heartbeat_s"] / speed,
+            self._progress,
+        )
+        # A host of its own: judged by its heartbeat, never by a pid this process shares.
+        self.leases.me = Holder(name, host, self.leases.me.pid, self.leases.me.pid_start)
+        self.leases._payload = json.dumps(self.leases.me.__dict__).encode()
+        self.failures = FailureLog(self.out, "sim")
+        self.claims = CountingClaims(self.out, self.leases, self.failures, set(), t0=t0)
+        self.policy = SimPolicy(self.out, name)
+        self.units = units
+        self.scheduler: Scheduler | None = None
+        self.writer = PartWriter(self.out, output_schema(pa.string(), {}))
+        self.record = ProgressLog(self.out, name, "sim")
+        total = len(units) * cfg["rows"]
+        # As an array task of Slurm logs it: a progress line every 30 s (simulated).
+        self.live = LiveProgress(self.record, self.out, total, 0, "log", 30.0 / speed, _NULL)
+        lead = getattr(self.live, "lead", None)
+        if lead is not None:  # its lock names the simulated host, as on a cluster
+            lead._payload = json.dumps({"host": host, "pid": 1}).encode()
+        self.dead = threading.Event()
+        self.engine = StandInEngine(cfg["unit_s"] / speed, cfg["depth"], self.dead)
+        self.source: SimSource | None = None
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.committed = self.discarded = 0
+        self.killed_at: float | None = None
+        self.held_at_kill: list[str] = []
+        self.idle_at: float | None = None
+        self.error: str | None = None
+
+    def _progress(self) -> dict[str, int]:
+        return self.source.progress() if self.source is not None else {}
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def busy(self) -> bool:
+        return bool(self.source is not None and self.source.open)
+
+    def vanish(self) -> None:
+        """Kill -9, simulated: heartbeats and records stop, nothing is released."""
+        self.killed_at = time.time() - self.t0
+        self.held_at_kill = sorted(self.leases.held)
+        self.leases._stop.set()
+        self.live._stop.set()
+        self.dead.set()
+
+    def stop_now(self) -> None:
+        self.dead.set()
+        self.leases._stop.set()
+        self.live._stop.set()
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except Vanished:
+            return
+        except Exception as exc:  # a broken simulation must not pass as a clean run
+            self.error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.leases.stop()
+        self.leases.release_all()
+        self.live.close()
+
+    def _prepare(self) -> None:
+        """What ``worker.prepare_run`` does with the output directory at a worker's start:
+        its layout, stale temporaries, the listing of committed parts."""
+        choose = getattr(self.out, "choose_layout", None)
+        if choose is not None:
+            choose(len(self.units))
+        clean_stale_temps(self.out, self.cfg["lease_timeout_s"] / self.speed)
+        done = self.out.committed_units()
+        todo = [u for u in self.units if u.unit_id not in done]
+        stripe = getattr(indexes_mod, "striped", lambda units, worker: units)
+        self.scheduler = Scheduler(stripe(todo, self.name), self.policy, self.leases.live_workers)
+
+    def _run(self) -> None:
+        self._prepare()
+        self.live.start()
+        self.leases.start()
+        while self.scheduler and not self.dead.is_set():
+            k, first = self.scheduler.next_engine(0)
+            claimed = first is not None and self.claims.claim(first)
+            unit = first if claimed else self.claims.next(self.scheduler, k)
+            if unit is None:
+                break
+            SimSource.speed = self.speed
+            self.source = SimSource(
+                self.scheduler,
+                self.claims,
+                k,
+                Rows(),
+                StopFlag(30.0),
+                self.cfg["linger_s"] / self.speed,
+                [unit],
+                3,
+            )
+            self.record.watch(self.source.open_units, k)
+            for result in self.engine.run(self.source, lambda: False):
+                self._commit(result)
+        self.idle_at = time.time() - self.t0
+
+    def _commit(self, result: UnitResult) -> None:
+        """``Worker._commit``: the part, the failure record, progress, the shared stats."""
+        assert self.source is not None
+        uid = result.unit.unit_id
+        outcome, _ = self.writer.commit(result)
+        if outcome is Commit.DISCARDED:
+            self.discarded += 1
+            self.source.done(uid)
+            return
+        self.committed += 1
+        self.failures.clear(uid)
+        source = self.source
+        self.record.committed(result, None, close=lambda: source.done(uid))
+        self.policy.observe(Observation.from_result(result, 16))
+
+    def report(self) -> dict:
+        claimed = self.claims.claimed
+        return {
+            "name": self.name,
+            "committed": self.committed,
+            "discarded": self.discarded,
+            "claimed": len(claimed),
+            "claims": claimed,
+            "conflicts": self.claims.conflicts,
+            "conflict_times": self.claims.conflict_times,
+            "first_claim": claimed[0][0] if claimed else None,
+            "killed_at": self.killed_at,
+            "held_at_kill": self.held_at_kill,
+            "idle_at": self.idle_at,
+            "error": self.error,
+        }

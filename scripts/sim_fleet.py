@@ -1,0 +1,266 @@
+"""Fleet simulator: W workers over one output directory, counting what each unit costs it.
+
+A simulation of the coordination layer, not of generation: every simulated worker runs the
+product's own claiming (``Claims``, ``ClaimingSource``), leasing and heartbeats (``Leases``),
+scheduling (``Scheduler``), atomic part commits (``PartWriter``), progress records and their
+reading (``ProgressLog``, ``LiveProgress``), shared measurements (``SharedStats``) and failure
+records, in the order ``work.worker`` calls them; only the engine is a stand-in that "generates"
+each unit after ``--unit-s`` simulated seconds (and the K policy one that keeps K fixed but
+shares measurements like the adaptive one). Workers share nothing but the output directory:
+each has its own objects, threads and worker name, and a host name of its own, so that no
+simulated worker takes the same-host dead-pid shortcut for another (they all live in a few
+processes; a killed one is judged by its heartbeat alone, as on a cluster).
+
+Time runs ``--speed`` times faster than production: every period of the product (heartbeat,
+lease timeout, linger, progress samples, counting workers, revisits, stats refresh) is divided
+by it, so counts per unit and per simulated second are production's. Every filesystem call
+under the output directory is counted by kind (``_fleet_ops``). Kills: ``--kills`` workers
+vanish mid-unit (no release, no last record); the run checks that every unit is committed
+exactly once (every row once) and how long the dead workers' units waited for a new holder.
+
+    python scripts/sim_fleet.py --workers 64          # one fleet size
+    python scripts/sim_fleet.py --table               # 16, 64, 256 and 1,000 workers
+
+The last line is ``fleet: W workers, X fs ops per committed unit, Y conflicts per claim,
+exactly once: yes|no`` for the largest fleet run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _fleet_ops import OpCounter
+from _fleet_worker import SimWorker, plan, scale_periods
+
+from batchspec.io.layout import OutDir
+
+
+def run_process(cfg: dict, index: int, names: list[str], t0: float, result_path: str) -> None:
+    """One process of the fleet: its share of the workers as threads, from ``t0``."""
+    counter = OpCounter(cfg["out"], t0)
+    counter.install()
+    scale_periods(cfg["speed"])
+    units = plan(cfg["units"], cfg["rows"])
+    workers = [SimWorker(cfg, name, f"simhost-{name}", units, t0) for name in names]
+    kill_at = t0 + cfg["kill_after_s"] / cfg["speed"]
+    killed = 0
+    while time.time() < t0:
+        time.sleep(0.01)
+    for w in workers:
+        w.start()
+    deadline = t0 + cfg["max_s"]
+    while any(w.alive() for w in workers) and time.time() < deadline:
+        if killed < cfg["kills"] and time.time() >= kill_at:
+            victims = [w for w in workers if w.alive() and w.busy()][: cfg["kills"] - killed]
+            for w in victims:
+                w.vanish()
+            killed += len(victims)
+        time.sleep(0.05)
+    capped = any(w.alive() for w in workers)
+    for w in workers:
+        w.stop_now()
+    data = {
+        "ops": dict(counter.kinds),
+        "per_second": {str(k): v for k, v in counter.per_second.items()},
+        "entries": counter.entries,
+        "workers": [w.report() for w in workers],
+        "capped": capped,
+        "sites": dict(counter.sites or {}),
+    }
+    Path(result_path).write_text(json.dumps(data))
+
+
+def check_exactly_once(out: OutDir, units: int, rows: int) -> tuple[bool, int]:
+    """Every planned unit committed once, every row once; returns (ok, parts)."""
+    parts = out.part_files()
+    ids = [p.name[: -len(".parquet")] for p in parts]
+    want = {u.unit_id for u in plan(units, rows)}
+    rows_seen: list[str] = []
+    for p in parts:
+        rows_seen += pq.read_table(p, columns=["id"]).column("id").to_pylist()
+    ok = len(ids) == len(set(ids)) and set(ids) == want
+    ok = ok and len(rows_seen) == len(set(rows_seen)) == units * rows
+    return ok, len(parts)
+
+
+def takeovers(reports: list[dict], speed: float) -> list[float]:
+    """Simulated seconds from each kill to the next claim of each unit the dead one held."""
+    claims: dict[str, list[float]] = {}
+    for r in reports:
+        for t, uid in r["claims"]:
+            claims.setdefault(uid, []).append(t)
+    waits = []
+    for r in reports:
+        if r["killed_at"] is None:
+            continue
+        for uid in r["held_at_kill"]:
+            later = [t for t in claims.get(uid, []) if t > r["killed_at"]]
+            waits.append((min(later) - r["killed_at"]) * speed if later else float("inf"))
+    return waits
+
+
+def steady_rate(results: list[dict], reports: list[dict], t_end: float, speed: float) -> float:
+    """Filesystem ops per worker per simulated second over the middle of the run (after every
+    worker had its first unit, before the first ran out of work)."""
+    per_second: dict[int, int] = {}
+    for r in results:
+        for k, v in r["per_second"].items():
+            per_second[int(k)] = per_second.get(int(k), 0) + v
+    firsts = [r["first_claim"] for r in reports if r["first_claim"] is not None]
+    idle = [r["idle_at"] for r in reports if r["idle_at"] is not None] or [t_end]
+    lo, hi = int(max(firsts, default=0)) + 1, int(min(idle))
+    if hi <= lo:
+        lo, hi = 0, max(int(t_end), 1)
+    ops = sum(v for k, v in per_second.items() if lo <= k < hi)
+    return ops / (len(reports) * (hi - lo) * speed)
+
+
+def simulate(cfg: dict) -> dict:
+    """Run one fleet and add up what its processes counted."""
+    root = Path(cfg["out"])
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    names = [f"w{i:05d}" for i in range(cfg["workers"])]
+    procs = max(1, min(cfg["procs"], cfg["workers"]))
+    t0 = time.time() + 1.0 + 0.002 * cfg["workers"]
+    ctx = mp.get_context("fork")
+    paths = [f"{root}.p{i}.json" for i in range(procs)]
+    shares = [names[i::procs] for i in range(procs)]
+    share_cfgs = [
+        dict(cfg, kills=cfg["kills"] // procs + (i < cfg["kills"] % procs)) for i in range(procs)
+    ]
+    ps = [
+        ctx.Process(target=run_process, args=(share_cfgs[i], i, shares[i], t0, paths[i]))
+        for i in range(procs)
+    ]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    t_end = time.time() - t0
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    reports = [w for r in results for w in r["workers"]]
+    ops: dict[str, int] = {}
+    for r in results:
+        for k, v in r["ops"].items():
+            ops[k] = ops.get(k, 0) + v
+    ok, parts = check_exactly_once(OutDir(root), cfg["units"], cfg["rows"])
+    sites: dict[str, int] = {}
+    for r in results:
+        for k, v in r["sites"].items():
+            sites[k] = sites.get(k, 0) + v
+    errors = [w["error"] for w in reports if w["error"]]
+    ok = ok and not errors and not any(r["capped"] for r in results)
+    committed = sum(w["committed"] for w in reports)
+    claims = sum(w["claimed"] for w in reports)
+    conflicts = sum(w["conflicts"] for w in reports)
+    firsts = [w["first_claim"] * cfg["speed"] for w in reports if w["first_claim"] is not None]
+    waits = takeovers(reports, cfg["speed"])
+    return {
+        "workers": cfg["workers"],
+        "units": cfg["units"],
+        "committed": committed,
+        "discarded": sum(w["discarded"] for w in reports),
+        "ops": ops,
+        "ops_per_unit": sum(ops.values()) / max(committed, 1),
+        "entries_per_unit": sum(r["entries"] for r in results) / max(committed, 1),
+        "ops_per_worker_s": steady_rate(results, reports, t_end, cfg["speed"]),
+        "conflicts_per_claim": conflicts / max(claims, 1),
+        "first_unit_s": (statistics.median(firsts), max(firsts)) if firsts else (None, None),
+        "kills": sum(w["killed_at"] is not None for w in reports),
+        "takeover_s": max(waits) if waits else None,
+        "exactly_once": ok,
+        "parts": parts,
+        "wall_s": t_end,
+        "errors": errors[:3],
+        "sites": dict(sorted(sites.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def row(r: dict) -> str:
+    med, worst = r["first_unit_s"]
+    take = "-" if r["takeover_s"] is None else f"{r['takeover_s']:.0f}"
+    kinds = " ".join(f"{k}={v / max(r['committed'], 1):.1f}" for k, v in sorted(r["ops"].items()))
+    return (
+        f"| {r['workers']} | {r['units']} | {r['ops_per_unit']:.1f} | {r['ops_per_worker_s']:.2f} "
+        f"| {r['conflicts_per_claim']:.2f} | {med:.0f} / {worst:.0f} | {r['kills']} | {take} "
+        f"| {'yes' if r['exactly_once'] else 'no'} | {r['wall_s']:.0f} | {kinds} |"
+    )
+
+
+HEADER = (
+    "| workers | units | fs ops / unit | ops / worker / s | conflicts / claim | first unit s "
+    "(median / max) | kills | takeover s (max) | exactly once | wall s | ops / unit by kind |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def config(args: argparse.Namespace, workers: int, out: Path) -> dict:
+    """A fleet's settings; ``--speed 0`` picks a speed that keeps commits near 150/s here."""
+    speed = args.speed or min(60.0, max(4.0, 150 * args.unit_s / (workers * args.depth)))
+    return {
+        "out": str(out),
+        "workers": workers,
+        "units": args.units_per_worker * workers,
+        "rows": args.rows,
+        "unit_s": args.unit_s,
+        "depth": args.depth,
+        "speed": speed,
+        "kills": args.kills if args.kills >= 0 else max(1, workers // 64),
+        "kill_after_s": args.unit_s * args.units_per_worker / (2 * args.depth),
+        "procs": args.procs,
+        "max_s": args.max_s,
+        "heartbeat_s": 20.0,
+        "lease_timeout_s": 300.0,
+        "linger_s": 300.0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=256)
+    ap.add_argument("--table", action="store_true", help="16, 64, 256 and 1,000 workers")
+    ap.add_argument("--units-per-worker", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=4, help="rows per unit")
+    ap.add_argument("--unit-s", type=float, default=120.0, help="simulated seconds per unit")
+    ap.add_argument("--depth", type=int, default=2, help="units an engine holds at once")
+    ap.add_argument("--speed", type=float, default=0.0, help="time compression (0: auto)")
+    ap.add_argument("--kills", type=int, default=-1, help="workers killed (default W/64)")
+    ap.add_argument("--procs", type=int, default=4, help="processes hosting the workers")
+    ap.add_argument("--max-s", type=float, default=900.0, help="wall-clock cap per fleet")
+    ap.add_argument("--out", type=Path, default=None, help="output directory (default: temp)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args()
+    sizes = [16, 64, 256, 1000] if args.table else [args.workers]
+    base = args.out or Path(tempfile.mkdtemp(prefix="sim-fleet-"))
+    print(HEADER, flush=True)
+    results = []
+    for w in sizes:
+        r = simulate(config(args, w, base / f"w{w}"))
+        results.append(r)
+        print(row(r), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    if args.out is None:
+        shutil.rmtree(base, ignore_errors=True)
+    r = results[-1]
+    print(
+        f"fleet: {r['workers']} workers, {r['ops_per_unit']:.1f} fs ops per committed unit, "
+        f"{r['conflicts_per_claim']:.2f} conflicts per claim, "
+        f"exactly once: {'yes' if r['exactly_once'] else 'no'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
