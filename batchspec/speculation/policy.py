@@ -90,7 +90,7 @@ class KPolicy:
 
     def refresh(self) -> None:
         """Take in the units other workers committed: every ``REFRESH_S`` seconds, or less
-        often with many workers (``SharedStats.pace_s``: a file read per 5 s)."""
+        often with many workers (``SharedStats.pace_s``: a file read per 20 s)."""
         if not self.adaptive or time.monotonic() - self._read_at < self.shared.pace_s(REFRESH_S):
             return
         self._read_at = time.monotonic()

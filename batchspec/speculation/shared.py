@@ -23,8 +23,9 @@ from pathlib import Path
 from batchspec.io.layout import OutDir
 from batchspec.speculation.estimator import Observation
 
-FILE_S = 5.0
-"""Seconds of pacing per file read: the others' files are read every ``FILE_S`` × files."""
+FILE_S = 20.0
+"""Seconds of pacing per file read beyond the first: the others' files are read every
+``FILE_S`` × (files − 1) seconds, if that is longer than the reader's own period."""
 FINISHED_S = 3600.0
 """A file unchanged for this long (its worker ended or died) is not read again."""
 
@@ -43,8 +44,8 @@ class SharedStats:
         self._made = False
 
     def pace_s(self, period_s: float) -> float:
-        """Seconds between reads: ``period_s``, or ``FILE_S`` per file if longer."""
-        return max(period_s, FILE_S * self._files)
+        """Seconds between reads: ``period_s``, or ``FILE_S`` per file beyond the first."""
+        return max(period_s, FILE_S * (self._files - 1))
 
     def append(self, ob: Observation) -> None:
         if not self._made:

@@ -223,9 +223,15 @@ class Leases(LeaseDir):
         return self._create(unit_id)
 
     def release(self, unit_id: str) -> None:
-        """Drop our lease (after commit, or when giving the unit up)."""
+        """Drop our lease (after commit, or when giving the unit up). While our heartbeat is
+        fresh nobody can have taken a lease we hold over: it goes without a read."""
         with self._lock:
+            ours = unit_id in self._held
             self._held.discard(unit_id)
+        if ours and time.time() - self._beat_at < self.timeout_s / 2:
+            with contextlib.suppress(FileNotFoundError):
+                self.path(unit_id).unlink()
+            return
         info = self.read(unit_id)
         if info is not None and info.holder == self.me:
             with contextlib.suppress(FileNotFoundError):

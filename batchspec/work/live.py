@@ -42,7 +42,7 @@ DOMAINS_SHOWN = 20
 SILENT_S = 60.0
 """A record not rewritten for this long (every SAMPLE_S while its worker runs) is a dead
 worker's: its open rows are lost work, not progress."""
-LEAD_S = 60.0
+LEAD_S = 300.0
 """How often a worker that does not write the summary tries to take the lock to write it."""
 
 
@@ -130,9 +130,9 @@ class LiveProgress:
                 wrote = now
                 if self.log is not None:
                     self.log.write()
-                # A log line shows the others every log_every; a bar or the summary's writer
-                # every SAMPLE_S.
-                if self.mode != "log" or self._leading or now - read >= self.log_every:
+                # A log line shows the others every log_every (the summary is written as
+                # often), a bar every SAMPLE_S.
+                if self.mode != "log" or now - read >= self.log_every:
                     read = now
                     self._read_others()
             self.refresh()
