@@ -194,15 +194,17 @@ def row(r: dict) -> str:
     kinds = " ".join(f"{k}={v / max(r['committed'], 1):.1f}" for k, v in sorted(r["ops"].items()))
     return (
         f"| {r['workers']} | {r['units']} | {r['ops_per_unit']:.1f} | {r['ops_per_worker_s']:.2f} "
-        f"| {r['conflicts_per_claim']:.2f} | {med:.0f} / {worst:.0f} | {r['kills']} | {take} "
+        f"| {r['entries_per_unit']:.0f} | {r['conflicts_per_claim']:.2f} | {med:.0f} / {worst:.0f} "
+        f"| {r['kills']} | {take} "
         f"| {'yes' if r['exactly_once'] else 'no'} | {r['wall_s']:.0f} | {kinds} |"
     )
 
 
 HEADER = (
-    "| workers | units | fs ops / unit | ops / worker / s | conflicts / claim | first unit s "
-    "(median / max) | kills | takeover s (max) | exactly once | wall s | ops / unit by kind |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| workers | units | fs ops / unit | ops / worker / s | listed entries / unit "
+    "| conflicts / claim | first unit s (median / max) | kills | takeover s (max) "
+    "| exactly once | wall s | ops / unit by kind |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 

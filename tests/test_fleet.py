@@ -126,6 +126,8 @@ def test_a_unit_listed_as_held_is_passed_over_without_a_claim_attempt(tmp_path: 
     real = me.try_claim
     me.try_claim = lambda uid: attempts.append(uid) or real(uid)  # type: ignore[method-assign]
     claims = Claims(out, me, FailureLog(out, "run"), set())
+    commit(out, units(3)[2].unit_id)
+    assert not claims.claim(units(3)[2])  # done: we walk where others work now
     assert not claims.claim(units(2)[0]) and attempts == []
     assert list(claims.deferred) == units(2)[:1]
     assert claims.claim(units(2)[1]) and attempts == [units(2)[1].unit_id]

@@ -18,6 +18,7 @@ into a unit another holds jumps to the middle of what is left instead of trailin
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
@@ -38,6 +39,8 @@ REVISIT_S = 2.0
 """How often a worker looks again at units other workers held."""
 REVISIT_UNITS = 8
 """Units held by others looked at again per visit (the rest wait their turn)."""
+LINGERERS = 8
+"""Workers of a fleet that wait at the end for units others hold (``Claims.lingers``)."""
 REVISIT_MAX_PART = 0.25
 """A unit held by a live worker is looked at again when its lease could first go stale, but
 after at most this part of the lease timeout (a holder that stops hands it back sooner)."""
@@ -119,6 +122,9 @@ class Claims:
         """Per deferred unit: when looking again could find it free."""
         self.done = DoneIndex(out)
         self.held = HeldIndex(out)
+        self._crowded = -float("inf")
+        """When we last ran into others' units (done or held): only then is leases/ listed,
+        not while we walk a stretch of our own."""
 
     def next(self, scheduler: Scheduler, k: int, revisit_now: bool = False) -> WorkUnit | None:
         """The next unit to run at K that this worker could claim, or None for now."""
@@ -173,8 +179,10 @@ class Claims:
         if self.failures.failed_in_this_run(uid):
             return False
         if not retrying and self.done.done(uid):
+            self._crowded = time.monotonic()
             return False
-        if self.held.held(uid) and uid not in self._not_before:
+        crowded = time.monotonic() - self._crowded < 2 * HELD_S
+        if crowded and self.held.held(uid) and uid not in self._not_before:
             # Listed as held: looked at later, with no claim attempt now.
             self.deferred.append(unit)
             wait = min(HELD_S, self.leases.timeout_s * REVISIT_MAX_PART)
@@ -182,8 +190,11 @@ class Claims:
             return False
         if not self.leases.try_claim(uid):
             self.deferred.append(unit)  # a live worker holds it
-            timeout = self.leases.timeout_s
-            wait = min(timeout - self.leases.held_age, timeout * REVISIT_MAX_PART)
+            self._crowded = time.monotonic()
+            timeout, age = self.leases.timeout_s, self.leases.held_age
+            wait = timeout - age  # when its lease could first go stale
+            if age < 2 * self.leases.heartbeat_s:  # a live holder may hand it back sooner
+                wait = min(wait, timeout * REVISIT_MAX_PART)
             self._not_before[uid] = time.monotonic() + max(wait, REVISIT_S)
             return False
         self._not_before.pop(uid, None)
@@ -191,8 +202,17 @@ class Claims:
         done = not part_error_positions(self.out, uid) if retrying else self.out.is_committed(uid)
         if done:
             self.leases.release(uid)
+            self.done.stale(uid)
             return False
         return True
+
+    def lingers(self) -> bool:
+        """Whether this worker, its own work done, waits on units others hold: in a fleet,
+        about ``LINGERERS`` workers do (picked by name), the others end; alone or among a
+        few workers, every one does."""
+        share = max(1, self.leases.live_workers() // LINGERERS)
+        digest = hashlib.sha1(self.leases.me.worker.encode()).hexdigest()
+        return int(digest[:8], 16) % share == 0
 
     def requests(self, unit: WorkUnit, builder: PromptBuilder) -> UnitRequests:
         """A claimed unit's rows for the engine (only its error rows, when retrying those)."""
@@ -276,7 +296,7 @@ class ClaimingSource:
         # only once nothing else is left to run (the scheduler is empty).
         if self._linger_since is None:
             self._linger_since = time.monotonic()
-        linger = 0.0 if self.scheduler else self.linger_s
+        linger = 0.0 if self.scheduler or not self.claims.lingers() else self.linger_s
         return time.monotonic() - self._linger_since >= linger
 
     def wait(self) -> None:

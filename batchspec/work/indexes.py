@@ -81,3 +81,9 @@ class DoneIndex:
             names = self.out.parts_in(folder)
             self._listed[folder] = (time.monotonic(), names)
         return unit_id in names
+
+    def stale(self, unit_id: str) -> None:
+        """A unit its listing showed undone was committed: list its directory again next."""
+        folder = self.out.part_dir(unit_id)
+        _, names = self._listed.get(folder, (0.0, set()))
+        self._listed[folder] = (-float("inf"), names | {unit_id})

@@ -32,7 +32,7 @@ import psutil
 from batchspec.io.layout import HEARTBEAT_SUFFIX, LEASE_SUFFIX, OutDir
 from batchspec.io.temps import create_exclusive
 
-COUNT_S = 30.0
+COUNT_S = 300.0
 """Live workers are counted (one listing of leases/) at most this often."""
 
 
