@@ -29,9 +29,6 @@ COLUMN_SETTINGS = (
 )
 """Settings a row may take from a column of its own (``sampling.columns``)."""
 TREE_UNSUPPORTED = (
-    "temperature",
-    "top_p",
-    "top_k",
     "repetition_penalty",
     "frequency_penalty",
     "presence_penalty",
@@ -41,8 +38,9 @@ TREE_UNSUPPORTED = (
     "regex",
     "choice",
 )
-"""Keys the tree engine does not apply (yet): refused with it, naming the key, rather than
-ignored (its acceptance would be lossless only against a distribution it does not sample)."""
+"""Keys the tree engine does not apply (yet), as job settings or per-row columns: refused with
+it, naming the key, rather than ignored (its acceptance is lossless only against the
+distribution it samples from)."""
 MAX_LOGPROBS = 20
 """vLLM's default ``max_logprobs``: more would need an engine keyword."""
 
@@ -202,14 +200,10 @@ def check_engine(sampling: SamplingSpec, engine: str) -> None:
     defaults = SamplingSpec()
     for key in TREE_UNSUPPORTED:
         if key in sampling.columns:
-            raise ValueError(
-                f"sampling.columns.{key}: per-row {key} is not supported on the tree engine "
-                f"(speculative.engine {engine}); use speculative.engine vllm"
-            )
-        if key in COLUMN_SETTINGS[1:4]:
-            continue  # the job's temperature, top_p, top_k: the tree engine's own
-        if getattr(sampling, key) != getattr(defaults, key):
-            raise ValueError(
-                f"sampling.{key} is not supported on the tree engine (speculative.engine "
-                f"{engine}); use speculative.engine vllm"
-            )
+            key = f"columns.{key}"
+        elif getattr(sampling, key) == getattr(defaults, key):
+            continue
+        raise ValueError(
+            f"sampling.{key} is not supported on the tree engine (speculative.engine "
+            f"{engine}); use speculative.engine vllm"
+        )

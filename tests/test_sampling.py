@@ -115,7 +115,7 @@ def write_job(tmp_path: Path, **sampling: Any) -> Path:
         {"repetition_penalty": 1.1},
         {"min_tokens": 3},
         {"json_schema": {"type": "object"}},
-        {"columns": {"temperature": "t"}},
+        {"columns": {"frequency_penalty": "f"}},
     ],
 )
 def test_what_the_tree_engine_does_not_apply_is_refused_naming_the_key(

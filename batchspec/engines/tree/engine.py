@@ -41,6 +41,7 @@ from batchspec.engines.tree.profile import StepProfile, load_or_measure
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.spec import JobSpec
+from batchspec.spec_sampling import SamplingSpec
 from batchspec.spec_tree import TREE, EngineName
 from batchspec.units import RowResult, UnitRequests, UnitResult
 
@@ -182,7 +183,7 @@ class TreeEngine:
             logits = self._prefill(row, prompt)
         except Exception as exc:
             raise EngineFailure(f"tree engine prefill failed: {exc!r}") from exc
-        first = self._choose(logits.unsqueeze(0), gen)
+        first = self._choose(logits.unsqueeze(0), gen, req.sampling)
         lps = (
             top_logprobs(logits.unsqueeze(0), [first], self.logprobs)
             if self.logprobs is not None
@@ -217,9 +218,11 @@ class TreeEngine:
         """Whether the drafter keeps this row (rows at K=0 never ask it for a tree)."""
         return self.drafter is not None and row.k > 0
 
-    def _choose(self, logits: torch.Tensor, gen: torch.Generator) -> int:
+    def _choose(
+        self, logits: torch.Tensor, gen: torch.Generator, row: SamplingSpec | None = None
+    ) -> int:
         """A token sampled plainly from ``logits`` [1, V] (argmax when greedy)."""
-        s = self.spec.sampling
+        s = row or self.spec.sampling  # a row's own settings (sampling.columns)
         if s.temperature == 0:
             return int(torch.argmax(logits[0]))
         probs = target_probs(logits, s)
@@ -265,11 +268,11 @@ class TreeEngine:
     def _accept(self, row: TreeRow, tree: DraftTree, logits: torch.Tensor) -> None:
         """Accept a path of the row's verified tree, keep it in the cache, emit it and the
         bonus token; counts take only what was emitted (a row may end inside its path)."""
-        s = self.spec.sampling
+        s = row.req.sampling or self.spec.sampling
         if self.planted:
             path = _first_path(tree)
             last = path[-1] if path else 0
-            bonus = self._choose(logits[last : last + 1], row.generator)
+            bonus = self._choose(logits[last : last + 1], row.generator, row.req.sampling)
         elif s.temperature == 0:
             path, bonus = accept_greedy(tree, logits)
         else:

@@ -1,0 +1,108 @@
+"""The sampling keys on the tree engine, on a small random Llama of the test's own (about a
+second): a prompt's n samples share one prefill, a row's own settings (``sampling.columns``:
+temperature, max_tokens) are the ones it decodes with, and logprobs come back top-k."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import job_dict
+
+from batchspec.engines.tree.engine import TreeEngine
+from batchspec.engines.tree.load import Target
+from batchspec.engines.tree.model import TreeModel
+from batchspec.engines.tree.weights import convert, llama_config, random_weights
+from batchspec.spec import JobSpec
+from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
+
+VOCAB, MAX_LEN = 40, 96
+TINY = {
+    "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": VOCAB,
+    "max_position_embeddings": MAX_LEN, "initializer_range": 0.5,
+}  # fmt: skip
+NGRAM = {"engine": "tree", "num_speculative_tokens": 4, "adaptive": False}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Letters:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+
+class Rows:
+    def __init__(self, unit: UnitRequests) -> None:
+        self.units = deque([unit])
+
+    def next_unit(self) -> UnitRequests | None:
+        return self.units.popleft() if self.units else None
+
+    def exhausted(self) -> bool:
+        return not self.units
+
+    def wait(self) -> None:
+        return None
+
+
+def engine(k: int, logprobs: int | None = None, **sampling) -> TreeEngine:
+    cfg = llama_config(TINY)
+    weights = convert(cfg, random_weights(cfg, torch.float32, "cpu"), torch.float32, "cpu")
+    model = TreeModel(cfg, weights, "cpu", 4, MAX_LEN)
+    spec = JobSpec.model_validate(
+        job_dict(
+            Path("unused"),
+            model={"max_num_seqs": 4, "max_model_len": MAX_LEN - 8},
+            speculative=NGRAM,
+            sampling={"max_tokens": 24, "logprobs": logprobs, **sampling},
+        )
+    )
+    return TreeEngine(spec, k, target=Target(model, Letters(), set(), MAX_LEN - 8))
+
+
+def run(eng: TreeEngine, reqs: list[RowRequest]) -> list[RowResult]:
+    unit = WorkUnit(0, "in.parquet", 0, len(reqs), None, len(reqs))
+    results = [
+        r for res in eng.run(Rows(UnitRequests(unit, reqs)), lambda: False) for r in res.results
+    ]
+    return results
+
+
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [7, 8, 9, 7, 8, 9, 7, 8], [20, 21, 22, 23, 20, 21]]
+
+
+def test_a_prompts_samples_share_one_prefill_and_each_row_uses_its_own_settings() -> None:
+    eng = engine(4, logprobs=2, temperature=0.9)
+    job = eng.spec.sampling
+    greedy = job.model_copy(update={"temperature": 0.0})
+    short = job.model_copy(update={"max_tokens": 5})
+    reqs = [
+        RowRequest(i, i, None, {}, p, seed=100 * i + j, sample_index=j, sampling=s)
+        for i, p in enumerate(PROMPTS)
+        for j, s in enumerate([None, greedy, short])
+    ]
+    got = run(eng, reqs)
+    assert eng.shared_prefills == 2 * len(PROMPTS)  # samples 1, 2 of each prompt copied
+    plain = run(
+        engine(0, temperature=0.0), [RowRequest(i, i, None, {}, p) for i, p in enumerate(PROMPTS)]
+    )
+    for i in range(len(PROMPTS)):
+        sampled, as_greedy, cut = got[3 * i : 3 * i + 3]
+        # The row with temperature 0 from its column decodes greedily, exactly as plain
+        # greedy decoding does; the row with max_tokens 5 stops there.
+        assert as_greedy.token_ids == plain[i].token_ids
+        assert sampled.token_ids != as_greedy.token_ids
+        assert cut.num_output_tokens == 5 and cut.finish_reason == "length"
+        assert len(sampled.token_ids) == 24
+    for r in got:
+        assert len(r.top_logprobs) == len(r.token_ids)
+        assert all(2 <= len(pos) <= 3 for pos in r.top_logprobs)
