@@ -61,7 +61,7 @@ def make_manifest(
         input_fingerprint=input_fingerprint(files),
         limit=limit,
         num_units=len(units),
-        num_rows=sum(u.num_rows for u in units),
+        num_rows=sum(u.num_rows for u in units) * spec.sampling.n,  # output rows: n per input row
         created=time.time(),
         version=__version__,
     )

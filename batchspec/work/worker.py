@@ -77,8 +77,9 @@ class Worker:
         self.record = ProgressLog(self.out, name, stats.run_id)
         self.replays = Replays(spec)
         todo_ids = {u.unit_id for u in todo}
-        self.rows_total = sum(u.num_rows for u in pre.units)
-        self.rows_before = sum(
+        n = spec.sampling.n  # output rows per input row, as parts and progress count them
+        self.rows_total = sum(u.num_rows for u in pre.units) * n
+        self.rows_before = n * sum(
             u.num_rows for u in pre.units if u.unit_id not in todo_ids or u.unit_id in error_rows
         )
         """Rows committed when this worker started (those no progress record counts)."""
