@@ -5,7 +5,9 @@ vLLM's SamplingParams, and the logprobs column."""
 from __future__ import annotations
 
 import json
+import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +146,22 @@ def test_bad_sampling_keys_are_one_line_errors(tmp_path: Path) -> None:
         assert needle in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_vllm_sampling_params_carry_every_key() -> None:
-    pytest.importorskip("vllm")
+class Params:
+    """Stands in for vLLM's ``SamplingParams`` and ``StructuredOutputsParams`` (importing vLLM
+    costs ~20 s of a loaded CI machine): keeps the keywords it is given. That vLLM takes them
+    is what the engine runs show (test_e2e: n, logprobs; verify and synth_extract: penalties,
+    min_tokens, json_schema)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.__dict__.update(kwargs)
+
+
+def test_vllm_sampling_params_carry_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("vllm.sampling_params")
+    fake.SamplingParams = fake.StructuredOutputsParams = Params  # type: ignore[attr-defined]
+    fake.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY="final")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", fake)
     from batchspec.engines.vllm_args import sampling_params
 
     spec = load_spec(
@@ -164,9 +180,16 @@ def test_vllm_sampling_params_carry_every_key() -> None:
     assert (p.min_tokens, p.repetition_penalty, p.frequency_penalty) == (3, 1.1, 0.4)
     assert (p.presence_penalty, p.logprobs, p.prompt_logprobs, p.seed) == (0.2, 2, 1, 5)
     assert json.loads(p.structured_outputs.json)["properties"]["a"] == {"type": "integer"}
+    assert p.structured_outputs.disable_any_whitespace is True
     assert sampling_params(spec, logprobs=5).logprobs == 5  # verify's 5 when it asks more
-    row = spec.sampling.for_row({"max_tokens": 9})[0]
-    assert sampling_params(spec, row=row).max_tokens == 9
+    row = spec.sampling.for_row({"max_tokens": 9, "temperature": 0.5})[0]
+    assert (
+        sampling_params(spec, row=row).max_tokens,
+        sampling_params(spec, row=row).temperature,
+    ) == (9, 0.5)
+    plain = load_spec(Path(__file__).parents[1] / "jobs" / "synth_data.yaml", [])
+    p = sampling_params(plain)
+    assert p.logprobs is None and p.structured_outputs is None and p.min_tokens == 0
 
 
 def test_logprobs_column_puts_the_generated_token_first_then_the_best() -> None:
