@@ -106,3 +106,18 @@ def test_a_prompts_samples_share_one_prefill_and_each_row_uses_its_own_settings(
     for r in got:
         assert len(r.top_logprobs) == len(r.token_ids)
         assert all(2 <= len(pos) <= 3 for pos in r.top_logprobs)
+
+
+@pytest.mark.parametrize("k_top", [1, 20])
+def test_greedy_logprobs_with_trees_equal_plain_decodings(k_top: int) -> None:
+    """Every generated token's top-k log-probabilities, from verify forwards of K=4 trees,
+    are plain decoding's (same tokens, values within 1e-4 nats) in float32."""
+    reqs = [RowRequest(i, i, None, {}, p) for i, p in enumerate(PROMPTS)]
+    plain = run(engine(0, logprobs=k_top), reqs)
+    trees = run(engine(4, logprobs=k_top), reqs)
+    assert any(r.spec and r.spec.accepted for r in trees)  # trees were accepted
+    for a, b in zip(plain, trees, strict=True):
+        assert a.token_ids == b.token_ids
+        for pa, pb in zip(a.top_logprobs, b.top_logprobs, strict=True):
+            assert pa.keys() == pb.keys() and len(pa) in (k_top, k_top + 1)
+            assert max(abs(pa[t] - pb[t]) for t in pa) < 1e-4
