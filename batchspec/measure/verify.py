@@ -71,7 +71,9 @@ def pick_rows(spec: JobSpec, rows: int) -> tuple[list[WorkUnit], dict[Any, int],
 def build_requests(
     spec: JobSpec, units: list[WorkUnit], quota: dict[Any, int], tokenizer: Any, max_len: int
 ) -> list[RowRequest]:
-    builder = PromptBuilder(spec.input, tokenizer, max_len, spec.sampling.seed)
+    # A row's own settings (sampling.columns) apply; its n samples are verify's copies.
+    one = spec.sampling.model_copy(update={"n": 1})
+    builder = PromptBuilder(spec.input, tokenizer, max_len, spec.sampling.seed, sampling=one)
     taken: dict[Any, int] = {}
     out = []
     for unit in units:
