@@ -178,17 +178,26 @@ class SamplingSpec(_Section):
     def for_row(self, values: dict[str, Any]) -> tuple[SamplingSpec | None, str | None]:
         """This section with a row's column values (``columns``) in place of the job's
         (nulls keep the job's): the row's settings, or an error naming the column."""
-        given = {k: v for k, v in values.items() if v is not None}
+        given = {k: _whole(k, v) for k, v in values.items() if v is not None}
         if not given:
             return self, None
         try:
-            return self.model_validate({**self.model_dump(), **given}), None
+            # The schema is the job's and already checked: not again for every row.
+            checked = self.model_validate({**self.model_dump(exclude={"json_schema"}), **given})
+            return checked.model_copy(update={"json_schema": self.json_schema}), None
         except ValidationError as exc:
             err = exc.errors()[0]
             key = str(err["loc"][0]) if err["loc"] else next(iter(given))
             col = self.columns.get(key, key)
             value = given.get(key)
             return None, f"column {col!r} (sampling.{key}) = {value!r}: {err['msg']}"
+
+
+def _whole(key: str, value: Any) -> Any:
+    """A whole float as an int for an integer setting: a float column (one that had nulls
+    in pandas) holds ``64.0`` for ``max_tokens: 64``."""
+    whole = isinstance(value, float) and value.is_integer()
+    return int(value) if whole and key in ("max_tokens", "top_k", "min_tokens") else value
 
 
 def check_engine(sampling: SamplingSpec, engine: str) -> None:

@@ -71,7 +71,7 @@ def test_n_samples_are_consecutive_rows_with_seeds_of_their_own(tmp_path: Path) 
 def test_per_row_settings_come_from_columns_and_bad_values_are_error_rows(
     tmp_path: Path,
 ) -> None:
-    budget = [5, None, 0, 7, 9, 11]
+    budget = [5.0, None, 0.0, 7.0, 9.0, 11.5]
     temp = [0.5, 1.0, 1.0, -1.0, None, 2]
     f = make_input(tmp_path / "in.parquet", 6, budget=budget, temp=temp)
     sampling = SamplingSpec(n=2, columns={"max_tokens": "budget", "temperature": "temp"})
@@ -81,11 +81,11 @@ def test_per_row_settings_come_from_columns_and_bad_values_are_error_rows(
     assert by_id["r0"].sampling.max_tokens == 5 and by_id["r0"].sampling.temperature == 0.5
     assert by_id["r1"].sampling is None or by_id["r1"].sampling.max_tokens == 256
     assert by_id["r4"].sampling.max_tokens == 9 and by_id["r4"].sampling.temperature == 0.0
-    assert by_id["r5"].sampling.temperature == 2.0
+    assert "column 'budget' (sampling.max_tokens) = 11.5" in by_id["r5"].error
     # Out of range: an error row naming the column, for each of its samples; no crash.
-    assert "column 'budget' (sampling.max_tokens) = 0" in by_id["r2"].error
+    assert "column 'budget' (sampling.max_tokens) = 0" in by_id["r2"].error  # whole floats: ints
     assert "column 'temp' (sampling.temperature) = -1.0" in by_id["r3"].error
-    assert sum(r.error is not None for r in rows) == 4
+    assert sum(r.error is not None for r in rows) == 6
     assert all(r.prompt_token_ids is None for r in rows if r.error)
 
 

@@ -139,6 +139,7 @@ class PromptBuilder:
         self.reader = reader or UnitReader(spec, sampling=sampling)
         """Where units' rows come from: a run passes one that reads staged copies."""
         self.columns = required_columns(spec, sampling)
+        self._settings: dict[tuple, tuple[SamplingSpec | None, str | None]] = {}
 
     def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if self.spec.system_prompt is not None and messages[0]["role"] != "system":
@@ -210,5 +211,8 @@ class PromptBuilder:
         if self.sampling is None or not self.sampling.columns:
             return None, None
         values = {key: data[col][i] for key, col in self.sampling.columns.items()}
-        settings, error = self.sampling.for_row(values)
-        return (None if settings is self.sampling else settings), error
+        key = tuple(values.items())
+        if key not in self._settings:  # rows share few distinct values: check each once
+            settings, error = self.sampling.for_row(values)
+            self._settings[key] = (None if settings is self.sampling else settings), error
+        return self._settings[key]
