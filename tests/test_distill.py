@@ -16,6 +16,7 @@ from batchspec.engines.tree.drafter import Growth, shape_ranks
 from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures, TargetFeatures
 from batchspec.engines.tree.eagle_head import (
+    NAMES,
     EagleHead,
     TappedModel,
     default_aux_layers,
@@ -207,6 +208,7 @@ def test_a_tiny_distill_gives_a_head_the_tree_engine_drafts_with_losslessly(tmp_
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == VOCAB
     assert read_head_config(tmp_path / "head").aux_layers == AUX
+    vllm_reads(tmp_path / "head")
     spec = job(tmp_path, {"method": "eagle3", "model": str(tmp_path / "head"),
                           "num_speculative_tokens": 4, "adaptive": False,
                           "tree": {"max_depth": 3}})  # fmt: skip
@@ -215,3 +217,27 @@ def test_a_tiny_distill_gives_a_head_the_tree_engine_drafts_with_losslessly(tmp_
     for a, b in zip(plain, drafted, strict=True):
         assert a.token_ids == b.token_ids
     assert all(r.spec is not None and r.spec.drafted > 0 for r in drafted)
+
+
+def vllm_reads(head: Path) -> None:
+    """vLLM's own loader of speculators checkpoints takes the head as an EAGLE-3 draft of a
+    Llama target, with its feature layers and draft vocabulary (what ``method: eagle3`` on
+    the vLLM engine loads; the weights' names are checked against the loader's below)."""
+    pytest.importorskip("vllm")
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    config = SpeculatorsConfig.from_pretrained(str(head))
+    assert config.architectures == ["Eagle3LlamaForCausalLM"]
+    assert config.eagle_aux_hidden_state_layer_ids == AUX and config.draft_vocab_size == VOCAB
+    raw = json.loads((head / "config.json").read_text())
+    assert SpeculatorsConfig.extract_vllm_speculative_config(raw) == {
+        "method": "eagle3",
+        "num_speculative_tokens": 4,
+    }
+    from safetensors import safe_open
+
+    with safe_open(str(head / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    # Eagle3LlamaForCausalLM.load_weights: d2t -> draft_id_to_target_id, t2d skipped, the
+    # rest under model. (lm_head as is); q/k/v and gate/up are stacked by their HF names.
+    assert names == {*NAMES.values(), "d2t", "t2d"}

@@ -83,11 +83,12 @@ def row_loss(
     the last layer's output) over ``DEPTHS`` depths, and each depth's top-1 agreement."""
     hsz = head.cfg.target.hidden_size
     loss, agree = torch.zeros(()), []
+    with torch.no_grad():  # position t + 1's distribution, once for every depth
+        targets = teacher.probs(feats[1:, -hsz:])
     for s, out in enumerate(depth_outputs(head, tokens, feats[:, :-hsz], rope, DEPTHS)):
         m = out.shape[0]  # depth s's output at t predicts the token at t + 2 + s
         logp = torch.log_softmax(head.logits(out), -1)
-        with torch.no_grad():
-            target = teacher.probs(feats[1 + s : 1 + s + m, -hsz:])
+        target = targets[s : s + m]
         loss = loss + DEPTH_DECAY**s * -(target * logp).sum(-1).mean()
         agree.append(float((logp.argmax(-1) == target.argmax(-1)).float().mean()))
     return loss, agree
