@@ -29,10 +29,6 @@ COLUMN_SETTINGS = (
 )
 """Settings a row may take from a column of its own (``sampling.columns``)."""
 TREE_UNSUPPORTED = (
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "min_tokens",
     "prompt_logprobs",
     "json_schema",
     "regex",
@@ -206,6 +202,12 @@ def check_engine(sampling: SamplingSpec, engine: str) -> None:
     samples from, so a setting it does not apply is an error, not a silent difference."""
     if engine == "vllm":
         return
+    if sampling.stop and (sampling.min_tokens or "min_tokens" in sampling.columns):
+        # vLLM looks for stop strings only after min_tokens; the tree engine's stops do not.
+        raise ValueError(
+            f"sampling.min_tokens with sampling.stop is not supported on the tree engine "
+            f"(speculative.engine {engine}); use speculative.engine vllm"
+        )
     defaults = SamplingSpec()
     for key in TREE_UNSUPPORTED:
         if key in sampling.columns:

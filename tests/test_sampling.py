@@ -113,11 +113,10 @@ def write_job(tmp_path: Path, **sampling: Any) -> Path:
 @pytest.mark.parametrize(
     "sampling",
     [
-        {"frequency_penalty": 0.5},
-        {"repetition_penalty": 1.1},
-        {"min_tokens": 3},
+        {"min_tokens": 3, "stop": ["END"]},
+        {"prompt_logprobs": 2},
         {"json_schema": {"type": "object"}},
-        {"columns": {"frequency_penalty": "f"}},
+        {"columns": {"min_tokens": "m"}, "stop": ["END"]},
     ],
 )
 def test_what_the_tree_engine_does_not_apply_is_refused_naming_the_key(
@@ -126,7 +125,8 @@ def test_what_the_tree_engine_does_not_apply_is_refused_naming_the_key(
     with pytest.raises(UserError) as exc:
         load_spec(write_job(tmp_path, **sampling), [])
     msg = str(exc.value)
-    assert "\n" not in msg and f"sampling.{next(iter(sampling))}" in msg and "tree" in msg
+    key = "min_tokens" if "stop" in sampling else next(iter(sampling))
+    assert "\n" not in msg and f"sampling.{key}" in msg and "tree" in msg
     # The same keys on vLLM are taken.
     load_spec(write_job(tmp_path, **sampling), ["speculative.engine=vllm"])
 

@@ -54,7 +54,9 @@ class Rows:
         return None
 
 
-def engine(k: int, logprobs: int | None = None, **sampling) -> TreeEngine:
+def engine(
+    k: int, logprobs: int | None = None, eos: set[int] = frozenset(), **sampling
+) -> TreeEngine:
     cfg = llama_config(TINY)
     weights = convert(cfg, random_weights(cfg, torch.float32, "cpu"), torch.float32, "cpu")
     model = TreeModel(cfg, weights, "cpu", 4, MAX_LEN)
@@ -66,7 +68,7 @@ def engine(k: int, logprobs: int | None = None, **sampling) -> TreeEngine:
             sampling={"max_tokens": 24, "logprobs": logprobs, **sampling},
         )
     )
-    return TreeEngine(spec, k, target=Target(model, Letters(), set(), MAX_LEN - 8))
+    return TreeEngine(spec, k, target=Target(model, Letters(), set(eos), MAX_LEN - 8))
 
 
 def run(eng: TreeEngine, reqs: list[RowRequest]) -> list[RowResult]:
@@ -121,3 +123,25 @@ def test_greedy_logprobs_with_trees_equal_plain_decodings(k_top: int) -> None:
         for pa, pb in zip(a.top_logprobs, b.top_logprobs, strict=True):
             assert pa.keys() == pb.keys() and len(pa) in (k_top, k_top + 1)
             assert max(abs(pa[t] - pb[t]) for t in pa) < 1e-4
+
+
+PENALTIES = {"repetition_penalty": 0.8, "frequency_penalty": -0.3, "presence_penalty": 0.2}
+"""Negative penalties among them: rows repeat themselves, so n-gram trees are accepted."""
+
+
+def test_greedy_trees_with_penalties_and_min_tokens_equal_plain_decoding() -> None:
+    """Penalties change the rows (they are applied), and K=4 trees, every node penalised along
+    its own path, give plain decoding's rows token for token; an end-of-sequence token is
+    impossible before min_tokens."""
+    reqs = [RowRequest(i, i, None, {}, p) for i, p in enumerate(PROMPTS)]
+    raw = run(engine(0), reqs)
+    plain = run(engine(0, **PENALTIES), reqs)
+    trees = run(engine(4, **PENALTIES), reqs)
+    assert [r.token_ids for r in plain] != [r.token_ids for r in raw]
+    assert [r.token_ids for r in trees] == [r.token_ids for r in plain]
+    assert any(r.spec and r.spec.accepted for r in trees)
+    # min_tokens: every token but 0 ends a row, and none may before 6 tokens.
+    eng = engine(4, eos=set(range(1, VOCAB)), min_tokens=6, **PENALTIES)
+    for r in run(eng, reqs):
+        assert len(r.token_ids) >= 7 and set(r.token_ids[:-1]) == {0}
+        assert r.finish_reason == "stop" and r.token_ids[-1] != 0

@@ -37,6 +37,7 @@ from batchspec.engines.base import EngineFailure, UnitSource
 from batchspec.engines.tree.accept import TorchDraws, accept_greedy, accept_sampled
 from batchspec.engines.tree.drafting import Ask, ask_for
 from batchspec.engines.tree.load import Target, load_target, max_k, open_drafter
+from batchspec.engines.tree.penalties import open_penalties
 from batchspec.engines.tree.profile import StepProfile, load_or_measure
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
 from batchspec.engines.tree.shape import DraftTree, batch_layout
@@ -183,13 +184,19 @@ class TreeEngine:
             logits = self._prefill(row, prompt)
         except Exception as exc:
             raise EngineFailure(f"tree engine prefill failed: {exc!r}") from exc
-        first = self._choose(logits.unsqueeze(0), gen, req.sampling)
+        row.penalty = open_penalties(req.sampling or self.spec.sampling, prompt, logits)
+        scored = logits.unsqueeze(0)
+        if row.penalty is not None:  # penalties, min_tokens: on what the row samples from
+            scored = row.penalty.apply(scored, None, self.stops.eos_ids)
+        first = self._choose(scored, gen, req.sampling)
         lps = (
             top_logprobs(logits.unsqueeze(0), [first], self.logprobs)
             if self.logprobs is not None
             else None
         )
         row.emit([first], self.stops, lps)
+        if row.penalty is not None:
+            row.penalty.extend([first])
         if self._drafts(row):
             self.drafter.extend(row.slot, [first])
         self.rows.append(row)
@@ -269,14 +276,17 @@ class TreeEngine:
         """Accept a path of the row's verified tree, keep it in the cache, emit it and the
         bonus token; counts take only what was emitted (a row may end inside its path)."""
         s = row.req.sampling or self.spec.sampling
+        scored = logits  # each node penalised along its own path (penalties.py)
+        if row.penalty is not None:
+            scored = row.penalty.apply(logits, tree, self.stops.eos_ids)
         if self.planted:
             path = _first_path(tree)
             last = path[-1] if path else 0
-            bonus = self._choose(logits[last : last + 1], row.generator, row.req.sampling)
+            bonus = self._choose(scored[last : last + 1], row.generator, row.req.sampling)
         elif s.temperature == 0:
-            path, bonus = accept_greedy(tree, logits)
+            path, bonus = accept_greedy(tree, scored)
         else:
-            probs = target_probs(logits, s)
+            probs = target_probs(scored, s)
             path, bonus = accept_sampled(tree, probs, TorchDraws(row.generator))
         kept = [0, *path]
         self.model.commit(row.slot, kept)
@@ -287,6 +297,8 @@ class TreeEngine:
             else None
         )
         n = row.emit(emitted, self.stops, lps)
+        if row.penalty is not None:
+            row.penalty.extend(emitted[:n])
         cap = min(row.k, self._depth_cap(row))
         row.count_step(tree.size - 1, max(tree.depths()), len(path), n, cap)
         if row.finish is not None:

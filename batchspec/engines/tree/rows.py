@@ -71,6 +71,8 @@ class TreeRow:
     per_step_accepted: list[int] = field(default_factory=list)
     finish: str | None = None
     text: str | None = None
+    penalty: Any = None
+    """Penalty and ``min_tokens`` state (``penalties.RowPenalties``); None without."""
     k: int = 0
     """The draft node budget this row decodes at, its unit's K (0: plain decoding)."""
 
