@@ -54,10 +54,13 @@ def test_a_hand_worked_chain_at_every_k() -> None:
     tokens = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
     starts = ngram_starts(tokens, 7, 2, 2)
     assert starts[:3] == [3, 4, 5]
-    assert replay_chain(tokens, 6, starts, 1, 100) == (2, 2)
-    assert replay_chain(tokens, 6, starts, 3, 100) == (1, 3)
-    assert replay_chain(tokens, 6, starts, 8, 100) == (1, 4)
-    assert replay_chain(tokens, 6, starts, 8, 9) == (1, 2)
+    assert replay_chain(tokens, 6, starts, 1, 100) == (2, 2, False)
+    assert replay_chain(tokens, 6, starts, 3, 100) == (1, 3, False)
+    # K=8 drafted 8 5 6 7 and the row ended after 7: vLLM could count past the end.
+    assert replay_chain(tokens, 6, starts, 8, 100) == (1, 4, False)
+    assert replay_chain(tokens, 6, starts, 8, 9) == (1, 2, False)
+    # Cut the row after 8 5: at K=3 the draft 8 5 6 matched up to the end, 6 left over.
+    assert replay_chain(tokens[:9], 6, starts, 3, 100) == (1, 2, True)
 
 
 def test_vllm_lookup_defaults() -> None:

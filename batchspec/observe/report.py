@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import polars as pl
 
 from batchspec.errors import UserError
@@ -9,10 +11,27 @@ from batchspec.io.layout import OutDir
 from batchspec.observe.scan import PARTS_PER_SCAN, Scan, scan_output, table_of, with_latency
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.shared import SharedStats
+from batchspec.speculation.steps import read_step_costs
 from batchspec.speculation.tuning import TuningFile, read_tuning
 from batchspec.work.runlog import RunStats
 
-ControllerView = tuple[int, dict[str | None, tuple[float | None, int, float | None]]]
+
+class DomainView(NamedTuple):
+    """The K controller's view of one domain (its first three: the domain table's columns)."""
+
+    alpha: float | None
+    k: int
+    tokens_per_s: float | None
+    """The batch's output tokens/s at ``k``, predicted (or measured)."""
+    replayed: dict[int, float]
+    """Tokens per decode step at each K of the grid, replayed from committed rows."""
+    measured: list[int]
+    """The K the domain's rows ran at; the other K's rates are predicted."""
+    priced: list[int]
+    """The K with a predicted rate (a step cost measured, interpolated or profiled)."""
+
+
+ControllerView = tuple[int, dict[str | None, DomainView]]
 
 
 def domain_table(out: OutDir) -> pl.DataFrame:
@@ -44,17 +63,56 @@ def controller_view(out: OutDir) -> ControllerView | None:
     if not batches:
         return None
     batch = max(set(batches), key=batches.count)
-    grid = (entry.k_grid if entry else None) or sorted({o.k for o in observations})
-    ctl = Controller(batch, grid, default_k=max(grid))
+    replayed = {k for o in observations for k, _, _ in o.replay}
+    grid = (entry.k_grid if entry else None) or sorted({o.k for o in observations} | replayed)
+    ctl = Controller(
+        batch, grid, default_k=max(grid), step_cost=read_step_costs(out, engine, batch)
+    )
     ctl.load_observations(tuning.observations(batch, engine or ""))
     for ob in observations:
         ctl.add(ob)
     view = {}
     for domain in sorted({d for d, _ in ctl.obs}, key=lambda d: (d is None, d or "")):
-        choice = ctl.choose(domain)
-        rate = choice.rates.get(choice.k)
-        view[domain] = (choice.alpha, choice.k, rate * batch if rate is not None else None)
+        c = ctl.choose(domain)
+        rate = c.rates.get(c.k)
+        tokens_per_s = rate * batch if rate is not None else None
+        view[domain] = DomainView(
+            c.alpha, c.k, tokens_per_s, c.replayed, c.measured, sorted(c.rates)
+        )
     return batch, view
+
+
+def format_k_view(view: ControllerView, markdown: bool = False) -> str:
+    """Per domain, the K chosen, its predicted tokens/s and the replayed tokens per step at
+    every K (``*``: measured, the domain's rows ran there; ``?``: no step cost, not a
+    candidate): where speculation pays. Empty when nothing was replayed."""
+    batch, per_domain = view
+    grid = sorted({k for v in per_domain.values() for k in v.replayed})
+    if not grid:
+        return ""
+    header = ["domain", "chosen_K", "tok/s", *(f"K={k}" for k in grid)]
+    lines = []
+    for domain, v in per_domain.items():
+        cells = [domain or "-", str(v.k), _fmt(v.tokens_per_s, 1)]
+        for k in grid:
+            mark = "*" if k in v.measured else ("" if k in v.priced else "?")
+            cells.append(f"{v.replayed[k]:.2f}{mark}" if k in v.replayed else "-")
+        lines.append(cells)
+    title = (
+        f"K per domain at batch {batch}: replayed tokens per step at each K "
+        "(* measured; ? no step cost, not a candidate)"
+    )
+    if markdown:
+        rule = ["---"] + ["---:"] * (len(header) - 1)
+        return "\n".join(f"| {' | '.join(c)} |" for c in [header, rule, *lines])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    rows = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in [header, *lines]
+    ]
+    return "\n".join([title, *rows])
 
 
 def with_controller(table: pl.DataFrame, view: ControllerView | None) -> pl.DataFrame:

@@ -16,6 +16,7 @@ from typing import Any
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.io.manifest import read_manifest
+from batchspec.observe.report import ControllerView, controller_view
 from batchspec.work.leases import Holder, LeaseDir
 from batchspec.work.progress import RunTotals, acceptance, add_up, read_records
 
@@ -43,6 +44,8 @@ class RunStatus:
     time: float = 0.0
     started: bool = True
     """False for a directory that ``batchspec tune`` wrote into but no run has bound yet."""
+    k_view: ControllerView | None = None
+    """The K controller's view of the committed units (``report.controller_view``)."""
 
     @property
     def units_pending(self) -> int:
@@ -154,6 +157,7 @@ def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
                 "k": r["open"]["k"] if state == "live" else None,
             }
         )
+    st.k_view = controller_view(out)
     counted = sum(r["rows_committed"] for r in records)
     st.totals = add_up(records, st.rows_total, max(st.rows_done - counted, 0), live)
     # After the run (no live worker), rates are of its last minutes, not of the idle time since.
@@ -174,7 +178,10 @@ def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
     return st
 
 
-def _domains(totals: RunTotals) -> list[dict[str, Any]]:
+def _domains(totals: RunTotals, view: ControllerView | None = None) -> list[dict[str, Any]]:
+    """Per domain: progress, and the K controller's view (K chosen, its predicted tokens/s,
+    replayed tokens per step at every K, the K measured)."""
+    per_domain = view[1] if view is not None else {}
     rows = []
     for domain, d in sorted(totals.domains.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
         rate, length = acceptance(d)
@@ -188,9 +195,20 @@ def _domains(totals: RunTotals) -> list[dict[str, Any]]:
                 "mean_acceptance_length": length,
                 "k_in_use": d["k_in_use"],
                 "k_last": d["k_last"],
+                **_k_fields(per_domain.get(domain)),
             }
         )
     return rows
+
+
+def _k_fields(v: Any) -> dict[str, Any]:
+    """A domain's ``DomainView`` as status fields (nulls and empties without one)."""
+    return {
+        "k_chosen": v.k if v else None,
+        "predicted_tokens_per_s": v.tokens_per_s if v else None,
+        "replayed_tokens_per_step": {str(k): t for k, t in v.replayed.items()} if v else {},
+        "k_measured": list(v.measured) if v else [],
+    }
 
 
 def status_json(st: RunStatus, slurm: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -220,7 +238,7 @@ def status_json(st: RunStatus, slurm: list[dict[str, Any]] | None = None) -> dic
         "eta_s": st.eta_s,
         "leases": st.leases,
         "workers": st.workers,
-        "domains": _domains(t),
+        "domains": _domains(t, st.k_view),
         "slurm": slurm or [],
     }
 
@@ -265,11 +283,23 @@ def format_status(st: RunStatus) -> str:
                 f"  worker {w['worker']}: live, {engine(w['k'])}, {w['units_open']} units open, "
                 f"{w['rows_committed']} rows committed (updated {w['updated_s_ago']:.0f} s ago)"
             )
-    for d in _domains(t):
+    for d in _domains(t, st.k_view):
         k = ",".join(map(str, d["k_in_use"])) or f"{d['k_last']} (last)"
         lines.append(
             f"  domain {d['domain'] or '-'}: {d['rows']} rows, {d['error_rows']} errors, "
             f"acceptance {_rate(d['acceptance_rate'], 2)}, mean length "
-            f"{_rate(d['mean_acceptance_length'], 2)}, K {k}"
+            f"{_rate(d['mean_acceptance_length'], 2)}, K {k}{_k_text(d)}"
         )
     return "\n".join(lines)
+
+
+def _k_text(d: dict[str, Any]) -> str:
+    """The K controller's part of a domain's status line."""
+    if d["k_chosen"] is None:
+        return ""
+    replayed = " ".join(
+        f"{k}:{t:.2f}{'*' if int(k) in d['k_measured'] else ''}"
+        for k, t in d["replayed_tokens_per_step"].items()
+    )
+    text = f"; chosen K {d['k_chosen']} at {_rate(d['predicted_tokens_per_s'])} tok/s"
+    return text + (f"; tokens/step replayed (K:t, * measured) {replayed}" if replayed else "")

@@ -261,7 +261,9 @@ class _Table:
         pooled = (weighted * running).sum(axis=0)[at] / den[at]
         self.steps = {int(k): float(v) for k, v in zip(at, pooled, strict=True)}
         if ctl.step_cost is not None:
-            return np.array([ctl.step_cost(int(k)) for k in grid], dtype=float)
+            # A step with more draft nodes never costs less: a profile cell that says so
+            # is noise (or a kernel's quirk at one size), so costs rise with K.
+            return np.maximum.accumulate([ctl.step_cost(int(k)) for k in grid])
         if not len(at):
             return np.full(len(grid), np.nan)
         step = np.interp(grid, at, pooled)

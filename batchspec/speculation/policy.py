@@ -27,6 +27,7 @@ from batchspec.spec import JobSpec
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.shared import SharedStats
+from batchspec.speculation.steps import write_step_costs
 from batchspec.speculation.tuning import job_tuning
 
 Domain = str | None
@@ -64,6 +65,7 @@ class KPolicy:
             spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.fixed_k
         )
         self.shared = SharedStats(out, worker)
+        self.out, self.worker = out, worker
         self._taken: dict[Domain, tuple[int, int]] = {}
         """Per domain: units taken, and how many of them ran away from their planned K."""
         self.build_s: float | None = None
@@ -113,6 +115,14 @@ class KPolicy:
             self.ctl.step_cost = lambda k: float(seconds(batch, k))
             self.ctl.version += 1
             self.ctl._table = None
+            self._write_steps()
+
+    def _write_steps(self) -> None:
+        """The step costs K is priced by, for ``report`` and ``status`` (``steps``)."""
+        cost = self.ctl.step_cost
+        if cost is not None and self.adaptive:
+            seconds = {k: cost(k) for k in self.ctl.k_grid}
+            write_step_costs(self.out, self.worker, self.engine, self.ctl.batch, seconds)
 
     def observe(self, ob: Observation) -> None:
         """A unit this worker committed: learn from it and share it."""
@@ -120,6 +130,7 @@ class KPolicy:
             ob.engine = self.engine
             self.ctl.add(ob)
             self.shared.append(ob)
+            self._write_steps()  # real steps refine the profile
 
     def decide(self, rows: dict[Domain, int], engine_k: int | None, workers: int = 1) -> Decision:
         """The plan and the probe for the rows left (``workers`` share them), in one pass."""

@@ -25,7 +25,7 @@ which no replay can know: the replay counts only emitted tokens, as the tree eng
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batchspec.engines.tree.drafting import replay
 from batchspec.engines.tree.ngram import NgramDrafter
@@ -74,13 +74,16 @@ def ngram_starts(tokens: Sequence[int], first: int, min_n: int, max_n: int) -> l
 
 def replay_chain(
     tokens: Sequence[int], prompt_len: int, starts: list[int], k: int, max_model_len: int
-) -> tuple[int, int]:
-    """(verify steps that drafted, draft tokens accepted) of vLLM's n-gram proposer at K on a
-    row (``tokens``: prompt then output; ``starts``: ``ngram_starts`` from ``prompt_len + 1``).
+) -> tuple[int, int, bool]:
+    """(verify steps that drafted, draft tokens accepted, whether the last step's draft
+    matched up to the row's end with tokens left) of vLLM's n-gram proposer at K on a row
+    (``tokens``: prompt then output; ``starts``: ``ngram_starts`` from ``prompt_len + 1``).
     The first output token comes from the prefill; every later step drafts from the context
-    so far and emits its accepted draft tokens and one more."""
+    so far and emits its accepted draft tokens and one more. Where the last flag is set,
+    vLLM may count more accepted tokens than were emitted (the module's caveat)."""
     n_out = len(tokens) - prompt_len
     steps = accepted = 0
+    open_end = False
     t = 1
     while t < n_out:
         m = prompt_len + t
@@ -93,8 +96,9 @@ def replay_chain(
         if length:
             steps += 1
             accepted += got
+            open_end = t + got == n_out and got < length
         t += got + 1
-    return steps, accepted
+    return steps, accepted, open_end
 
 
 @dataclass
@@ -107,6 +111,9 @@ class Replayer:
     engine: str
     grid: list[int]
     max_model_len: int
+    open_end: set[int] = field(default_factory=set)
+    """The K at which the last row's final draft outran the row's end (vLLM n-gram only):
+    there vLLM's own count may exceed the replay's."""
 
     @property
     def supported(self) -> bool:
@@ -116,6 +123,7 @@ class Replayer:
         """Accepted draft tokens per K of the grid for one finished row; None for an error
         row, a row without output, or drafts that cannot be replayed."""
         prompt, out = r.request.prompt_token_ids, r.token_ids
+        self.open_end = set()
         if not self.supported or r.error is not None or not prompt or not out:
             return None
         if self.engine == TREE:
@@ -124,10 +132,13 @@ class Replayer:
         lo, hi = vllm_lookup(s.prompt_lookup_min, s.prompt_lookup_max)
         tokens = [*prompt, *out]
         starts = ngram_starts(tokens, len(prompt) + 1, lo, hi)
-        return [
-            replay_chain(tokens, len(prompt), starts, k, self.max_model_len)[1] if k > 0 else 0
-            for k in self.grid
-        ]
+        accepted = []
+        for k in self.grid:
+            _, got, open_end = replay_chain(tokens, len(prompt), starts, k, self.max_model_len)
+            accepted.append(got if k > 0 else 0)
+            if open_end and k > 0:
+                self.open_end.add(k)
+        return accepted
 
     def _tree(self, prompt: list[int], out: list[int], domain: str | None, k: int) -> int:
         """The tree engine's n-gram trees at K with the domain's shape (its own defaults)."""

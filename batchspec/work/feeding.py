@@ -9,7 +9,7 @@ import time
 from batchspec.engines import Engine
 from batchspec.spec import JobSpec
 from batchspec.speculation.replay import Replayer
-from batchspec.units import UnitRequests, UnitResult
+from batchspec.units import SpecStats, UnitRequests, UnitResult
 from batchspec.work.claims import ClaimingSource
 from batchspec.work.scheduler import Scheduler
 
@@ -28,6 +28,10 @@ class Replays:
         self.replayer: Replayer | None = None
         self.seconds = 0.0
         self.rows = 0
+        self.checked = 0
+        """Replayed rows whose real count at the K that ran is comparable (``check``)."""
+        self.equal = 0
+        """Of those, rows whose replay at that K equals the engine's own count."""
         self._up_at: float | None = None
 
     def engine_up(self, engine: Engine) -> None:
@@ -51,7 +55,18 @@ class Replays:
             if accepted is not None:
                 r.replayed = dict(zip(replayer.grid, accepted, strict=True))
                 self.rows += 1
+                self._check(r.replayed, r.spec, result.k, replayer.open_end)
             self.seconds += time.perf_counter() - started
+
+    def _check(
+        self, replayed: dict[int, int], spec: SpecStats | None, k: int, open_end: set[int]
+    ) -> None:
+        """Replay at the K that ran against the engine's own count: the run log's standing
+        check that replay is exact (vLLM rows whose last draft outran the row's end are not
+        comparable: vLLM counts past the end)."""
+        if k > 0 and spec is not None and k in replayed and k not in open_end:
+            self.checked += 1
+            self.equal += replayed[k] == spec.accepted
 
 
 class UnitKFeed:

@@ -32,6 +32,7 @@ from batchspec.speculation.tuning import job_tuning
 from batchspec.units import UnitResult, WorkUnit
 from batchspec.work.claims import ClaimingSource, Claims, FailureLog
 from batchspec.work.feeding import Replays, UnitKFeed
+from batchspec.work.indexes import striped
 from batchspec.work.leases import Leases
 from batchspec.work.live import LiveProgress
 from batchspec.work.progress import ProgressLog
@@ -66,7 +67,8 @@ class Worker:
         self.leases = Leases(self.out, name, ex.lease_timeout_s, ex.heartbeat_s, self._progress)
         self.failures = FailureLog(self.out, stats.run_id)
         self.claims = Claims(self.out, self.leases, self.failures, error_rows)
-        self.scheduler = Scheduler(todo, KPolicy(spec, self.out, name), self.leases.live_workers)
+        policy = KPolicy(spec, self.out, name)
+        self.scheduler = Scheduler(striped(todo, name), policy, self.leases.live_workers)
         self.stop = StopFlag(ex.shutdown_grace_s)
         types = pre.column_types
         passthrough = {c: types[c] for c in spec.input.passthrough_columns}
@@ -181,7 +183,13 @@ class Worker:
             "output_tokens": 0,
         }
         started = time.perf_counter()
-        replay_s, replayed = self.replays.seconds, self.replays.rows
+        replay = self.replays
+        replay_s, replayed, checked, equal = (
+            replay.seconds,
+            replay.rows,
+            replay.checked,
+            replay.equal,
+        )
         explored = self.scheduler.policy.explored
         feed = UnitKFeed(source, self.scheduler) if engine.k_per_unit else source
         try:
@@ -196,8 +204,10 @@ class Worker:
             gen_s = time.perf_counter() - started
             self.stats.generate_s += gen_s
             record["generate_s"] = round(gen_s, 3)
-            record["replay_s"] = round(self.replays.seconds - replay_s, 3)
-            record["rows_replayed"] = self.replays.rows - replayed
+            record["replay_s"] = round(replay.seconds - replay_s, 3)
+            record["rows_replayed"] = replay.rows - replayed
+            record["replay_checked"] = replay.checked - checked
+            record["replay_equal"] = replay.equal - equal
             record["units_explored"] = self.scheduler.policy.explored - explored
             self.stats.engines.append(record)
         return record.get("failure")
@@ -290,6 +300,7 @@ def prepare_run(
     pre, manifest, routed = check_run(spec, limit)
     out = OutDir(spec.output_dir)
     claim_output_dir(out, manifest)
+    out.choose_layout(len(pre.units))  # parts fanned out in large runs
     clean_stale_temps(out, spec.execution.lease_timeout_s)
     done = out.committed_units()
     errors = units_with_errors(out) if retry_errors else set()
