@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +61,10 @@ def subset(job: str, rows: int, path: Path) -> dict[str, int]:
     return dict(sorted(df.group_by(dom).len().iter_rows()))
 
 
-def run_once(job: str, out: Path, sets: list[str]) -> dict[str, Any]:
+def run_once(job: str, out: Path, sets: list[str], limit: int | None = None) -> dict[str, Any]:
     """One ``batchspec run`` into a fresh ``out``; its figures from the run log and parts."""
     cmd = [BATCHSPEC, "run", job, "--output", str(out), "--no-progress"]
+    cmd += ["--limit", str(limit)] if limit else []
     for s in sets:
         cmd += ["--set", s]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -71,13 +74,19 @@ def run_once(job: str, out: Path, sets: list[str]) -> dict[str, Any]:
     logs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
     tokens = sum(d["output_tokens"] for d in logs)
     seconds = max(d["generate_s"] for d in logs)
-    explored = [d["units_explored"] for d in logs if "units_explored" in d]
+    engines = [e for d in logs for e in d["engines"]]
+    # Recorded per engine by workers that count them (issue 22); absent from older logs.
+    explored = [e["units_explored"] for e in engines if "units_explored" in e]
     return {
         "tok_s": tokens / seconds,
         "tokens": tokens,
         "generate_s": seconds,
         "engine_builds": sum(d["engine_builds"] for d in logs),
+        "build_s": sum(d["engine_build_s"] for d in logs),
         "units_explored": sum(explored) if explored else None,
+        "replay_s": sum(e.get("replay_s", 0.0) for e in engines),
+        "replay_checked": sum(e.get("replay_checked", 0) for e in engines),
+        "replay_equal": sum(e.get("replay_equal", 0) for e in engines),
         **per_domain(out),
     }
 
@@ -112,9 +121,12 @@ def oracle_k(runs: dict[str, list[dict[str, Any]]], fixed: list[int]) -> dict[st
     return {d: max(fixed, key=lambda k, d=d: rate(d, k)) for d in domains}
 
 
-def bench_batch(args: argparse.Namespace, data: Path, tmp: Path, batch: int) -> dict[str, Any]:
+def bench_batch(
+    args: argparse.Namespace, data: Path, tmp: Path, batch: int, save: Callable[[dict], None]
+) -> dict[str, Any]:
     """Every configuration ``args.rounds`` times at one batch size, the order reversed every
-    round; the oracle runs after the fixed K in the first round."""
+    round; the oracle runs after the fixed K in the first round. ``save`` gets the
+    measurements so far after every run."""
     fixed = args.k_grid
     configs = [f"K={k}" for k in fixed] + ["adaptive", "oracle"]
     common = [
@@ -127,9 +139,15 @@ def bench_batch(args: argparse.Namespace, data: Path, tmp: Path, batch: int) -> 
     ]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     oracles: list[dict[str, int]] = []
-    # A throwaway run absorbs one-off costs (compilation caches, page cache) first.
-    run_once(
-        args.job, tmp / "warmup", [*common, "speculative.adaptive=false", "sampling.max_tokens=8"]
+    # A throwaway adaptive run absorbs one-off costs first (compilation caches, the page cache,
+    # the tree engine's step profile where it is not cached yet).
+    warm = run_once(
+        args.job, tmp / f"warmup-{batch}", [*common, "sampling.max_tokens=8"], 4 * batch
+    )
+    print(
+        f"  batch {batch} warm-up: {warm['build_s']:.1f} s engine start (a step profile not "
+        f"cached yet is measured there), {warm['generate_s']:.1f} s of generation",
+        flush=True,
     )
     for r in range(args.rounds):
         for config in configs if r % 2 == 0 else configs[::-1]:
@@ -148,6 +166,7 @@ def bench_batch(args: argparse.Namespace, data: Path, tmp: Path, batch: int) -> 
                 args.job, tmp / f"b{batch}-r{r}-{config.replace('=', '')}", [*common, *sets]
             )
             runs[config].append(got)
+            save({"configs": configs, "runs": runs, "oracle_k": oracles})
             print(
                 f"  batch {batch} round {r + 1} {config}: {got['tok_s']:.1f} tok/s "
                 f"({got['tokens']} tokens in {got['generate_s']:.1f} s; "
@@ -166,12 +185,14 @@ def ratio(num: list[float], den: list[float]) -> str:
 
 def table(batch: int, res: dict[str, Any]) -> tuple[list[str], float, float]:
     """The batch size's table; adaptive / best fixed K and / oracle (ratios of means)."""
-    runs = res["runs"]
+    # Complete rounds only (a saved run stopped half-way has more runs of some configurations).
+    rounds = min(len(res["runs"][c]) for c in res["configs"])
+    runs = {c: res["runs"][c][:rounds] for c in res["configs"]}
+    res = {**res, "runs": runs}
     tps = {c: [r["tok_s"] for r in runs[c]] for c in res["configs"]}
     mean = {c: statistics.fmean(v) for c, v in tps.items()}
     fixed = [c for c in res["configs"] if c.startswith("K=")]
     best = max(fixed, key=mean.get)
-    rounds = len(tps[fixed[0]])
     head = "| config | " + " | ".join(f"round {i + 1}" for i in range(rounds))
     lines = [
         f"batch {batch}: generation tok/s per round (ABBA), best fixed K here: {best}",
@@ -193,12 +214,7 @@ def table(batch: int, res: dict[str, Any]) -> tuple[list[str], float, float]:
             f"| {c} | {cells} | {mean[c]:.1f} ± {half:.1f} | {ratio(tps[c], tps[fixed[0]])} "
             f"| {ratio(tps[c], tps[best])} | {explore} |"
         )
-    lines.append("oracle K per round: " + "; ".join(_kmap(m) for m in res["oracle_k"]))
-    for i, r in enumerate(runs["adaptive"], 1):
-        used = {
-            d: ",".join(f"{k}x{n}" for k, n in sorted(ks.items())) for d, ks in r["k_units"].items()
-        }
-        lines.append(f"adaptive round {i}, units at K (KxN): " + _kmap(used))
+    lines += notes(res)
     lines.append(
         f"adaptive / best fixed {best}: {ratio(tps['adaptive'], tps[best])} (target >= 1.00), "
         f"adaptive / oracle: {ratio(tps['adaptive'], tps['oracle'])} (target >= 0.97)"
@@ -206,6 +222,29 @@ def table(batch: int, res: dict[str, Any]) -> tuple[list[str], float, float]:
     a_best = mean["adaptive"] / mean[best]
     a_oracle = mean["adaptive"] / mean["oracle"]
     return lines, a_best, a_oracle
+
+
+def notes(res: dict[str, Any]) -> list[str]:
+    """The K each domain ran at, and what replay cost and checked, where the runs logged it."""
+    runs = res["runs"]
+    lines = ["oracle K per round: " + "; ".join(_kmap(m) for m in res["oracle_k"])]
+    for i, r in enumerate(runs["adaptive"], 1):
+        used = {
+            d: ",".join(f"{k}x{n}" for k, n in sorted(ks.items())) for d, ks in r["k_units"].items()
+        }
+        lines.append(f"adaptive round {i}, units at K (KxN): " + _kmap(used))
+    every = [r for c in res["configs"] for r in runs[c]]
+    checked = sum(r.get("replay_checked", 0) for r in every)
+    if checked:
+        equal = sum(r.get("replay_equal", 0) for r in every)
+        share = [r.get("replay_s", 0.0) / r["generate_s"] for r in runs["adaptive"]]
+        lines.append(
+            f"replayed acceptance = the engine's own count on {equal}/{checked} rows checked "
+            f"(all runs); replay time in adaptive runs: "
+            + "/".join(f"{100 * x:.2f}%" for x in share)
+            + " of generation"
+        )
+    return lines
 
 
 def _kmap(m: dict[str, Any]) -> str:
@@ -217,6 +256,9 @@ def report(result: dict[str, Any]) -> None:
     print(result["setting"])
     verdict = None
     for batch, res in result["batches"].items():
+        if min(len(res["runs"][c]) for c in res["configs"]) == 0:
+            print(f"\nbatch {batch}: no complete round")
+            continue
         lines, a_best, a_oracle = table(int(batch), res)
         print("\n" + "\n".join(lines))
         verdict = (
@@ -237,6 +279,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (default 2)")
     ap.add_argument("--engine", choices=["tree", "vllm"], default="tree")
     ap.add_argument("--k-grid", default=None, help="comma list (default: the job's k_grid)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="OMP_NUM_THREADS for the runs (default: the engine's own, a thread per core); "
+        "1 keeps a run from spinning against other work on a shared machine",
+    )
     ap.add_argument("--save", type=Path, help="write the measurements as JSON here")
     ap.add_argument("--table", type=Path, help="print the table of a saved JSON; run nothing")
     return ap.parse_args(argv)
@@ -254,21 +302,28 @@ def main() -> None:
     if 0 not in args.k_grid:
         raise SystemExit("--k-grid must include 0 (plain decoding is the baseline)")
     batches = [int(b) for b in args.batches.split(",")]
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-k-choice-") as name:
         tmp = Path(name)
         counts = subset(args.job, args.rows, tmp / "in.parquet")
         setting = (
             f"{sum(counts.values())} rows ({_kmap(counts)}), job {Path(args.job).name}, engine "
             f"{args.engine}, K grid {args.k_grid}, max_tokens {args.max_tokens}, unit_rows "
-            f"{args.unit_rows}, batches {batches}, {args.rounds} ABBA rounds; every figure from "
+            f"{args.unit_rows}, batches {batches}, {args.rounds} ABBA rounds, threads "
+            f"{args.threads or 'default'}; every figure from "
             "batchspec run's log (generation tok/s, engine start excluded)"
         )
         print(setting, flush=True)
         result: dict[str, Any] = {"setting": setting, "batches": {}}
         for batch in batches:
-            result["batches"][str(batch)] = bench_batch(args, tmp / "in.parquet", tmp, batch)
-            if args.save:
-                args.save.write_text(json.dumps(result, indent=1) + "\n")
+
+            def save(partial: dict[str, Any], batch: int = batch) -> None:
+                result["batches"][str(batch)] = partial
+                if args.save:
+                    args.save.write_text(json.dumps(result, indent=1) + "\n")
+
+            bench_batch(args, tmp / "in.parquet", tmp, batch, save)
     report(result)
 
 

@@ -25,6 +25,9 @@ def run(tok_s: float, k_units: dict[str, dict[str, int]], explored: int | None =
         "generate_s": 1000 / tok_s,
         "engine_builds": 1,
         "units_explored": explored,
+        "replay_s": 0.5,
+        "replay_checked": 10,
+        "replay_equal": 10,
         "domain_rates": {"chat": 10.0, "long_qa": 20.0},
         "k_units": k_units,
     }
@@ -68,6 +71,9 @@ def test_table_and_verdict_from_saved_measurements(tmp_path: Path) -> None:
             ),
         },
     }
+    # A run stopped in its first round at batch 16: no table, the verdict stays batch 8's.
+    stopped = batch({"K=0": [60.0], "K=4": [], "adaptive": [], "oracle": []}, {}, ())
+    saved["batches"]["16"] = stopped
     path = tmp_path / "k_choice.json"
     path.write_text(json.dumps(saved))
     done = subprocess.run(
@@ -80,6 +86,7 @@ def test_table_and_verdict_from_saved_measurements(tmp_path: Path) -> None:
         lines[-1] == "adaptive / best fixed K: 1.000 (batch 8), adaptive / per-domain oracle: 0.960"
     )
     out = done.stdout
+    assert "batch 16: no complete round" in out
     assert "batch 1: generation tok/s per round (ABBA), best fixed K here: K=4" in out
     # batch 1, adaptive: mean 28.0 ± 1.0; / K=0 28/21 = 1.333, rounds 1.450 and 1.227;
     # / K=4 (28.0) 1.000, rounds 0.967 and 1.038; 2 units off their domain's main K.
@@ -91,6 +98,8 @@ def test_table_and_verdict_from_saved_measurements(tmp_path: Path) -> None:
     assert "| adaptive | 47.0 | 49.0 | 48.0 ± 1.0 | 1.000 [0.940-1.065] |" in out
     assert "| 0/1 (run log) |" in out
     assert "oracle K per round: chat=0 long_qa=4; chat=0 long_qa=4" in out
+    # batch 8: 8 runs of 10 rows checked; adaptive 0.5 s of 1000/47 and 1000/49 s.
+    assert "on 80/80 rows checked (all runs); replay time in adaptive runs: 2.35%/2.45%" in out
     assert (
         "adaptive / best fixed K=0: 1.000 [0.940-1.065] (target >= 1.00), "
         "adaptive / oracle: 0.960 [0.904-1.021] (target >= 0.97)" in out
