@@ -18,7 +18,7 @@ from batchspec.cli.common import (
     short_help="Train a draft head (EAGLE-3) on JOB's committed rows.",
     epilog=examples(
         "batchspec distill jobs/synth_tree.yaml             # -> OUT/drafts/eagle3/",
-        "batchspec distill job.yaml --rows 2000 --epochs 4 --vocab 16384",
+        "batchspec distill job.yaml --rows 2000 --epochs 4 --vocab 8192",
         "batchspec run job.yaml --set speculative.method=eagle3 "
         "--set speculative.model=OUT/drafts/eagle3",
     ),
@@ -32,9 +32,9 @@ from batchspec.cli.common import (
 @click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.1,
               show_default=True,
               help="Fraction of rows held out to measure acceptance.")  # fmt: skip
-@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--epochs", type=click.IntRange(min=1), default=2, show_default=True,
               help="Passes over the training rows.")  # fmt: skip
-@click.option("--vocab", type=click.IntRange(min=0), default=8192, show_default=True,
+@click.option("--vocab", type=click.IntRange(min=0), default=4096, show_default=True,
               help="Draft vocabulary: the N most frequent tokens (0: all).")  # fmt: skip
 @set_option
 @user_errors

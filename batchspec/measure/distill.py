@@ -50,8 +50,8 @@ class Options:
     name: str = "eagle3"
     rows: int | None = None
     holdout: float = 0.1
-    epochs: int = 3
-    vocab: int = 8192
+    epochs: int = 2
+    vocab: int = 4096
     lr: float = 1e-3
     seed: int = 0
     nodes: tuple[int, ...] = (4, 8)

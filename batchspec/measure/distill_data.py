@@ -97,6 +97,7 @@ class FeatureStore:
         root.mkdir(parents=True, exist_ok=True)
         key = json.dumps([taps, [[r.row_id, len(r.tokens)] for r in rows]], default=str)
         self.key = hashlib.sha1(key.encode()).hexdigest()[:16]
+        """The whole store's (a training checkpoint belongs to it)."""
 
     def chunks(self) -> list[list[int]]:
         """Row indices of each chunk."""
@@ -104,7 +105,11 @@ class FeatureStore:
         return [list(range(i, min(i + CHUNK_ROWS, n))) for i in range(0, n, CHUNK_ROWS)]
 
     def path(self, chunk: int) -> Path:
-        return self.root / f"chunk_{self.key}_{chunk:05d}.safetensors"
+        """Named by its own rows, so a distill of fewer rows (or more) reuses every chunk
+        that holds the same rows."""
+        rows = [[self.rows[i].row_id, len(self.rows[i].tokens)] for i in self.chunks()[chunk]]
+        key = hashlib.sha1(json.dumps([self.taps, rows], default=str).encode()).hexdigest()
+        return self.root / f"chunk_{key[:16]}.safetensors"
 
     def missing(self) -> list[int]:
         return [c for c in range(len(self.chunks())) if not self.path(c).exists()]
