@@ -71,9 +71,14 @@ def test_table_and_verdict_from_saved_measurements(tmp_path: Path) -> None:
             ),
         },
     }
-    # A run stopped in its first round at batch 16: no table, the verdict stays batch 8's.
-    stopped = batch({"K=0": [60.0], "K=4": [], "adaptive": [], "oracle": []}, {}, ())
-    saved["batches"]["16"] = stopped
+    # A run stopped in its second round at batch 16 (its first round counts) and one stopped
+    # in its first round at batch 32 (no table): the verdict is batch 16's.
+    saved["batches"]["16"] = batch(
+        {"K=0": [60.0, 58.0], "K=4": [50.0], "adaptive": [55.0], "oracle": [57.0]},
+        {},
+        (None,),
+    )
+    saved["batches"]["32"] = batch({"K=0": [60.0], "K=4": [], "adaptive": [], "oracle": []}, {}, ())
     path = tmp_path / "k_choice.json"
     path.write_text(json.dumps(saved))
     done = subprocess.run(
@@ -81,12 +86,13 @@ def test_table_and_verdict_from_saved_measurements(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    # batch 8: best fixed K is K=0 (48.0); adaptive 48.0 -> 1.000, oracle 50.0 -> 0.960.
-    assert (
-        lines[-1] == "adaptive / best fixed K: 1.000 (batch 8), adaptive / per-domain oracle: 0.960"
+    # batch 16, round 1 alone: best fixed K=0 (60.0); adaptive 55.0 -> 0.917, oracle 57 -> 0.965.
+    assert lines[-1] == (
+        "adaptive / best fixed K: 0.917 (batch 16), adaptive / per-domain oracle: 0.965"
     )
     out = done.stdout
-    assert "batch 16: no complete round" in out
+    assert "batch 32: no complete round" in out
+    assert "| K=0 | 60.0 | 60.0 ± 0.0 |" in out
     assert "batch 1: generation tok/s per round (ABBA), best fixed K here: K=4" in out
     # batch 1, adaptive: mean 28.0 ± 1.0; / K=0 28/21 = 1.333, rounds 1.450 and 1.227;
     # / K=4 (28.0) 1.000, rounds 0.967 and 1.038; 2 units off their domain's main K.
