@@ -304,7 +304,8 @@ def test_an_engine_that_takes_k_per_unit_gets_every_domain_at_its_best_k(tmp_pat
     from batchspec.work.scheduler import Scheduler
 
     policy = policy_with_rates(tmp_path, {})
-    policy.engine_up(True, type("Profile", (), {"seconds": lambda self, b, k: 1 + 0.1 * k})())
+    profile = type("Profile", (), {"seconds": lambda self, b, k: 1 + 0.1 * k})()
+    policy.engine_up(type("Tree", (), {"k_per_unit": True, "step_profile": profile})())
     policy.ctl.add(replayed_observation("easy", 3, {0: 0, 1: 40, 3: 60}))
     policy.ctl.add(replayed_observation("hard", 3, {0: 0, 1: 4, 3: 5}))
     policy.measured_start(1.0)

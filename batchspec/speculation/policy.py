@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchspec.engines.base import Engine
 from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
 from batchspec.speculation.controller import Controller
@@ -104,11 +105,12 @@ class KPolicy:
         """An engine just started in this many seconds: what the next switch of K costs."""
         self.build_s = seconds
 
-    def engine_up(self, k_per_unit: bool, profile: object | None) -> None:
-        """An engine is up: whether it takes K per unit, and its profiled step cost
-        (``StepProfile``, ``seconds(batch, nodes)``; None on vLLM), which then prices every
-        K of the grid, K=0 included, without running it."""
-        self.per_unit = k_per_unit
+    def engine_up(self, engine: Engine) -> None:
+        """An engine is up: whether it takes K per unit, and, where K is chosen, its profiled
+        step cost (``step_profile``: ``seconds(batch, nodes)``, measured on first use; None
+        on vLLM), which then prices every K of the grid, K=0 included, without running it."""
+        self.per_unit = engine.k_per_unit
+        profile = getattr(engine, "step_profile", None) if self.adaptive else None
         seconds = getattr(profile, "seconds", None)
         if seconds is not None and self.ctl.step_cost is None:
             batch = self.ctl.batch

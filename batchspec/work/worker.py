@@ -223,7 +223,7 @@ class Worker:
             traceback.print_exc()  # into the log (on the terminal when verbose)
             raise error from exc
         self.scheduler.policy.measured_start(engine.build_s)
-        self.scheduler.policy.engine_up(engine.k_per_unit, getattr(engine, "step_profile", None))
+        self.scheduler.policy.engine_up(engine)
         self.replays.engine_up(engine)
         self.stats.engine_build_s += engine.build_s
         self.stats.engine_builds += 1
