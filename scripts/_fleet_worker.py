@@ -57,11 +57,11 @@ _PERIODS = [
     (progress_mod, "SAMPLE_S"),
     (live_mod, "SAMPLE_S"),
     (live_mod, "SILENT_S"),
-    (live_mod, "REFRESH_S"),
     (leases_mod, "COUNT_S"),
     (live_mod, "LEAD_S"),
 ]
-"""The product's periods (those this version has), divided by the simulation's speed."""
+"""The product's periods (those this version has), divided by the simulation's speed (the
+display's refresh, ``live.REFRESH_S``, touches no file and is left alone)."""
 
 
 def scale_periods(speed: float) -> None:
@@ -342,4 +342,6 @@ class SimWorker:
             "held_at_kill": self.held_at_kill,
             "idle_at": self.idle_at,
             "error": self.error,
+            "lingers": getattr(self.claims, "lingers", lambda: None)(),
+            "live_count": self.leases._counted[1] if hasattr(self.leases, "_counted") else None,
         }

@@ -123,11 +123,14 @@ class Claims:
         self.done = DoneIndex(out)
         self.held = HeldIndex(out)
         self._crowded = -float("inf")
+        self._fleet = 1
+        """The most live workers counted so far (``lingers``)."""
         """When we last ran into others' units (done or held): only then is leases/ listed,
         not while we walk a stretch of our own."""
 
     def next(self, scheduler: Scheduler, k: int, revisit_now: bool = False) -> WorkUnit | None:
         """The next unit to run at K that this worker could claim, or None for now."""
+        self._fleet = max(self._fleet, self.leases.live_workers())
         if revisit_now and time.monotonic() - self._revisited >= REVISIT_S / 2:
             self._revisited = -float("inf")  # a last look: not sooner than half the period
         while True:
@@ -166,11 +169,12 @@ class Claims:
         now = self._revisited = time.monotonic()
         for _ in range(len(self.deferred)):
             unit = self.deferred.popleft()
-            due = len(self._again) < REVISIT_UNITS
-            if due and self._not_before.get(unit.unit_id, 0.0) <= now:
-                self._again.append(unit)
-            else:
+            if len(self._again) >= REVISIT_UNITS or self._not_before.get(unit.unit_id, 0) > now:
                 self.deferred.append(unit)
+            elif self.done.done(unit.unit_id):  # committed since: dropped, at no turn's cost
+                self._not_before.pop(unit.unit_id, None)
+            else:
+                self._again.append(unit)
 
     def claim(self, unit: WorkUnit) -> bool:
         """Claim ``unit`` if it still needs work and nobody live holds it."""
@@ -209,8 +213,9 @@ class Claims:
     def lingers(self) -> bool:
         """Whether this worker, its own work done, waits on units others hold: in a fleet,
         about ``LINGERERS`` workers do (picked by name), the others end; alone or among a
-        few workers, every one does."""
-        share = max(1, self.leases.live_workers() // LINGERERS)
+        few workers, every one does. The fleet's size is the most workers counted while
+        this one ran (at the end, those done have gone)."""
+        share = max(1, self._fleet // LINGERERS)
         digest = hashlib.sha1(self.leases.me.worker.encode()).hexdigest()
         return int(digest[:8], 16) % share == 0
 

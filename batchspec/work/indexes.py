@@ -83,7 +83,9 @@ class DoneIndex:
         return unit_id in names
 
     def stale(self, unit_id: str) -> None:
-        """A unit its listing showed undone was committed: list its directory again next."""
+        """A unit its listing showed undone was committed: its directory is listed again
+        soon (after an eighth of ``LIST_S``, so a walk over many such units lists it once)."""
         folder = self.out.part_dir(unit_id)
-        _, names = self._listed.get(folder, (0.0, set()))
-        self._listed[folder] = (-float("inf"), names | {unit_id})
+        at, names = self._listed.get(folder, (-float("inf"), set()))
+        soon = time.monotonic() - LIST_S * 7 / 8
+        self._listed[folder] = (min(at, soon), names | {unit_id})
