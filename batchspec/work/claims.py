@@ -17,19 +17,15 @@ into a unit another holds jumps to the middle of what is left instead of trailin
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
 import time
-import uuid
 from collections import deque
 
 from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import part_error_positions
 from batchspec.units import UnitRequests, UnitResult, WorkUnit
-from batchspec.work.indexes import HELD_S, LIST_S, DoneIndex, HeldIndex
+from batchspec.work.indexes import HELD_S, DoneIndex, FailureLog, HeldIndex
 from batchspec.work.leases import Leases
 from batchspec.work.quarantine import Quarantine
 from batchspec.work.scheduler import Scheduler
@@ -44,63 +40,6 @@ LINGERERS = 8
 REVISIT_MAX_PART = 0.25
 """A unit held by a live worker is looked at again when its lease could first go stale, but
 after at most this part of the lease timeout (a holder that stops hands it back sooner)."""
-
-
-class FailureLog:
-    """``failed/<unit_id>.json``: units given up after repeated engine failures.
-
-    Within one run (``run_id``) a failed unit is skipped; a later run retries it, and its
-    record goes once the unit commits.
-    """
-
-    def __init__(self, out: OutDir, run: str):
-        self.out = out
-        self.run = run
-        self._listed: tuple[float, set[str]] = (-float("inf"), set())
-        """Unit ids with a failure record, as last listed (every ``LIST_S``)."""
-
-    def _recorded(self, unit_id: str) -> bool:
-        at, names = self._listed
-        if time.monotonic() - at >= LIST_S:
-            try:
-                names = {n[: -len(".json")] for n in os.listdir(self.out.failed)}
-            except FileNotFoundError:
-                names = set()
-            self._listed = (time.monotonic(), names)
-        return unit_id in names
-
-    def record(self, unit: WorkUnit, attempts: int, error: str) -> None:
-        self.out.failed.mkdir(parents=True, exist_ok=True)
-        data = {
-            "unit_id": unit.unit_id,
-            "run_id": self.run,
-            "attempts": attempts,
-            "error": error,
-            "rows": unit.num_rows,
-            "time": time.time(),
-        }
-        tmp = self.out.failed / f".{unit.unit_id}.{uuid.uuid4().hex[:8]}"
-        tmp.write_text(json.dumps(data) + "\n")
-        os.replace(tmp, self.out.failure(unit.unit_id))
-        self._listed[1].add(unit.unit_id)
-
-    def failed_in_this_run(self, unit_id: str) -> bool:
-        """A failure record of this run (another worker's is seen within ``LIST_S``)."""
-        if not self._recorded(unit_id):
-            return False
-        try:
-            return json.loads(self.out.failure(unit_id).read_text())["run_id"] == self.run
-        except (FileNotFoundError, ValueError, KeyError):
-            return False
-
-    def clear(self, unit_id: str) -> None:
-        """Remove a unit's record once it committed (one listed, or written meanwhile: a
-        record left behind counts for nothing once the unit's part is there)."""
-        if not self._recorded(unit_id):
-            return
-        self._listed[1].discard(unit_id)
-        with contextlib.suppress(FileNotFoundError):
-            self.out.failure(unit_id).unlink()
 
 
 class Claims:

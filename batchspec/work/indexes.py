@@ -6,14 +6,18 @@ directory of parts (``DoneIndex``: ~1,000 consecutive units in a fanned-out part
 are held from one listing of leases/ (``HeldIndex``), each trusted a while; and the workers
 of a fleet start at different points of the plan (``striped``). A listing that is out of
 date costs a few operations (a claim attempt, a stat under the lease), never a duplicate:
-what is committed is decided under the lease, by the part itself.
+what is committed is decided under the lease, by the part itself. Failure records
+(``FailureLog``) are known the same way, from a listing of ``failed/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 from batchspec.io.layout import LEASE_SUFFIX, OutDir
@@ -89,3 +93,60 @@ class DoneIndex:
         at, names = self._listed.get(folder, (-float("inf"), set()))
         soon = time.monotonic() - LIST_S * 7 / 8
         self._listed[folder] = (min(at, soon), names | {unit_id})
+
+
+class FailureLog:
+    """``failed/<unit_id>.json``: units given up after repeated engine failures.
+
+    Within one run (``run_id``) a failed unit is skipped; a later run retries it, and its
+    record goes once the unit commits.
+    """
+
+    def __init__(self, out: OutDir, run: str):
+        self.out = out
+        self.run = run
+        self._listed: tuple[float, set[str]] = (-float("inf"), set())
+        """Unit ids with a failure record, as last listed (every ``LIST_S``)."""
+
+    def _recorded(self, unit_id: str) -> bool:
+        at, names = self._listed
+        if time.monotonic() - at >= LIST_S:
+            try:
+                names = {n[: -len(".json")] for n in os.listdir(self.out.failed)}
+            except FileNotFoundError:
+                names = set()
+            self._listed = (time.monotonic(), names)
+        return unit_id in names
+
+    def record(self, unit: WorkUnit, attempts: int, error: str) -> None:
+        self.out.failed.mkdir(parents=True, exist_ok=True)
+        data = {
+            "unit_id": unit.unit_id,
+            "run_id": self.run,
+            "attempts": attempts,
+            "error": error,
+            "rows": unit.num_rows,
+            "time": time.time(),
+        }
+        tmp = self.out.failed / f".{unit.unit_id}.{uuid.uuid4().hex[:8]}"
+        tmp.write_text(json.dumps(data) + "\n")
+        os.replace(tmp, self.out.failure(unit.unit_id))
+        self._listed[1].add(unit.unit_id)
+
+    def failed_in_this_run(self, unit_id: str) -> bool:
+        """A failure record of this run (another worker's is seen within ``LIST_S``)."""
+        if not self._recorded(unit_id):
+            return False
+        try:
+            return json.loads(self.out.failure(unit_id).read_text())["run_id"] == self.run
+        except (FileNotFoundError, ValueError, KeyError):
+            return False
+
+    def clear(self, unit_id: str) -> None:
+        """Remove a unit's record once it committed (one listed, or written meanwhile: a
+        record left behind counts for nothing once the unit's part is there)."""
+        if not self._recorded(unit_id):
+            return
+        self._listed[1].discard(unit_id)
+        with contextlib.suppress(FileNotFoundError):
+            self.out.failure(unit_id).unlink()
