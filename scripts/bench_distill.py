@@ -210,9 +210,15 @@ def per_depth(head_dir: Path, spec) -> None:
     h_ms = best(lambda: drafter._run([0], one, hid, one * 3, mask, None))
     lp_ms = best(lambda: drafter._logprobs(hid[0]))
     t_ms = best(lambda: tapped.verify([0], one, one * 64, mask))
+    tapped.release(0)
+    plain = load_target(spec)
+    compiled = plain.use_one_row_kernel()
+    plain.prefill(0, list(range(100, 164)))
+    c_ms = best(lambda: plain.verify([0], one, one * 64, mask))
     vocab = head.cfg.draft_vocab
     print(f"\nhead forward per depth {h_ms + lp_ms:.2f} ms (layer {h_ms:.2f}, projection onto "
-          f"{vocab} tokens {lp_ms:.2f}); target one-row forward {t_ms:.2f} ms")  # fmt: skip
+          f"{vocab} tokens {lp_ms:.2f}); target one-row forward {t_ms:.2f} ms eager, "
+          f"{c_ms:.2f} ms {'compiled' if compiled else 'eager (no compiler)'}")  # fmt: skip
 
 
 def main() -> None:
