@@ -155,9 +155,7 @@ class SamplingSpec(_Section):
     def structured(self) -> dict[str, Any] | None:
         """vLLM's ``StructuredOutputsParams`` keywords, or None without structured output."""
         if self.json_schema is not None:
-            # Compact JSON: a small model under a grammar that allows any whitespace can
-            # spend its whole max_tokens on spaces and newlines between keys.
-            return {"json": json.dumps(self.json_schema), "disable_any_whitespace": True}
+            return {"json": json.dumps(self.json_schema)}
         if self.regex is not None:
             return {"regex": self.regex}
         if self.choice is not None:

@@ -180,7 +180,6 @@ def test_vllm_sampling_params_carry_every_key(monkeypatch: pytest.MonkeyPatch) -
     assert (p.min_tokens, p.repetition_penalty, p.frequency_penalty) == (3, 1.1, 0.4)
     assert (p.presence_penalty, p.logprobs, p.prompt_logprobs, p.seed) == (0.2, 2, 1, 5)
     assert json.loads(p.structured_outputs.json)["properties"]["a"] == {"type": "integer"}
-    assert p.structured_outputs.disable_any_whitespace is True
     assert sampling_params(spec, logprobs=5).logprobs == 5  # verify's 5 when it asks more
     row = spec.sampling.for_row({"max_tokens": 9, "temperature": 0.5})[0]
     assert (
