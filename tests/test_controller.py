@@ -318,3 +318,12 @@ def test_an_engine_that_takes_k_per_unit_gets_every_domain_at_its_best_k(tmp_pat
     taken = [sched.next_unit(3), sched.next_unit(3)]
     assert taken == units[1:] and [sched.unit_k(u) for u in taken] == [3, 0]
     assert sched.next_unit(3) is None and policy.explored == 0
+
+
+def test_a_domain_nothing_was_learnt_of_starts_at_the_specs_k() -> None:
+    """A profile prices every K, but a domain without counts or replay starts at the spec's
+    K (3), not at what a prior acceptance would pick; one replayed unit moves it."""
+    ctl = Controller(8, [0, 1, 3, 8], 3, step_cost=lambda k: 1.0 + 0.01 * k)
+    assert ctl.choose("new").k == 3
+    ctl.add(replayed_observation("other", 3, {0: 0, 1: 50, 3: 80, 8: 95}))
+    assert ctl.choose("new").k == 3 and ctl.choose("other").k == 8

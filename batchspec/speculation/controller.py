@@ -210,9 +210,13 @@ class _Table:
         scale = np.divide(num, den, out=np.ones_like(num), where=den > 0)
         self.rates = np.where(np.isfinite(measured), measured, predicted * scale[:, None])
         known = np.isfinite(self.rates)
-        zero = known[:, 0] if grid[0] == 0 else np.zeros(n + 1, dtype=bool)
+        # K=0 ran for the domain (its step time measured, not only profiled).
+        zero = np.zeros(n + 1, dtype=bool)
+        zero[:n] = known[:n, 0] & (ctl._running[:n, 0] > 0) if grid[0] == 0 else False
         # Ties go to the smaller K (the grid is sorted; argmax takes the first maximum).
         best = grid[np.argmax(np.where(known, self.rates, -np.inf), axis=1)]
+        # A domain that nothing tells acceptance of (no drafts counted or replayed, no K=0
+        # run) starts at the spec's K, rather than at a prior's choice.
         replayed = np.zeros(n + 1, dtype=bool)
         replayed[:n] = (ctl._replay_tokens[:n, grid] > 0).any(axis=1)
         default = ~known.any(axis=1) | ((accepted + rejections == 0) & ~replayed & ~zero)
