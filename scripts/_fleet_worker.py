@@ -129,9 +129,16 @@ class SimSource(ClaimingSource):
     """The real claiming source; only its idle wait is scaled to simulated time."""
 
     speed = 1.0
+    trace: list | None = None
 
     def wait(self) -> None:
         time.sleep((1.0 if self._linger_since is not None else 0.05) / self.speed)
+
+    def exhausted(self) -> bool:
+        done = super().exhausted()
+        if not done and self._linger_since is not None and self.trace is not None:
+            self.trace.append((time.time(), bool(self.scheduler), self.claims.lingers()))
+        return done
 
 
 class StandInEngine:
@@ -178,6 +185,7 @@ class CountingClaims(Claims):
         self.claimed: list[tuple[float, str]] = []
         self.conflicts = 0
         self.conflict_times: list[float] = []
+        self.conflict_units: list[str] = []
 
         try_claim = self.leases.try_claim
 
@@ -186,6 +194,7 @@ class CountingClaims(Claims):
             if not ok:
                 self.conflicts += 1
                 self.conflict_times.append(time.time() - self.t0)
+                self.conflict_units.append(unit_id)
             return ok
 
         self.leases.try_claim = counted  # type: ignore[method-assign]
@@ -236,6 +245,7 @@ class SimWorker:
         self.held_at_kill: list[str] = []
         self.idle_at: float | None = None
         self.error: str | None = None
+        self.trace: list = []
 
     def _progress(self) -> dict[str, int]:
         return self.source.progress() if self.source is not None else {}
@@ -307,6 +317,7 @@ class SimWorker:
                 [unit],
                 3,
             )
+            self.source.trace = self.trace
             self.record.watch(self.source.open_units, k)
             for result in self.engine.run(self.source, lambda: False):
                 self._commit(result)
@@ -337,11 +348,13 @@ class SimWorker:
             "claims": claimed,
             "conflicts": self.claims.conflicts,
             "conflict_times": self.claims.conflict_times,
+            "conflict_units": self.claims.conflict_units,
             "first_claim": claimed[0][0] if claimed else None,
             "killed_at": self.killed_at,
             "held_at_kill": self.held_at_kill,
             "idle_at": self.idle_at,
             "error": self.error,
+            "trace": [(round((t - self.t0) * self.speed), a, b) for t, a, b in self.trace[-5:]],
             "lingers": getattr(self.claims, "lingers", lambda: None)(),
             "live_count": self.leases._counted[1] if hasattr(self.leases, "_counted") else None,
         }

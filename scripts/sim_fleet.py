@@ -106,7 +106,8 @@ def takeovers(reports: list[dict], speed: float) -> list[float]:
             continue
         for uid in r["held_at_kill"]:
             later = [t for t in claims.get(uid, []) if t > r["killed_at"]]
-            waits.append((min(later) - r["killed_at"]) * speed if later else float("inf"))
+            if later:  # none: the dead one's commit in flight at the kill went through
+                waits.append((min(later) - r["killed_at"]) * speed)
     return waits
 
 

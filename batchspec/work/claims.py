@@ -37,9 +37,6 @@ REVISIT_UNITS = 8
 """Units held by others looked at again per visit (the rest wait their turn)."""
 LINGERERS = 8
 """Workers of a fleet that wait at the end for units others hold (``Claims.lingers``)."""
-REVISIT_MAX_PART = 0.25
-"""A unit held by a live worker is looked at again when its lease could first go stale, but
-after at most this part of the lease timeout (a holder that stops hands it back sooner)."""
 
 
 class Claims:
@@ -108,10 +105,14 @@ class Claims:
         now = self._revisited = time.monotonic()
         for _ in range(len(self.deferred)):
             unit = self.deferred.popleft()
-            if len(self._again) >= REVISIT_UNITS or self._not_before.get(unit.unit_id, 0) > now:
+            uid = unit.unit_id
+            # Due: its lease could be stale by now, or it is gone from leases/ (committed,
+            # or handed back by a holder that stopped).
+            due = self._not_before.get(uid, 0) <= now or not self.held.held(uid)
+            if len(self._again) >= REVISIT_UNITS or not due:
                 self.deferred.append(unit)
-            elif self.done.done(unit.unit_id):  # committed since: dropped, at no turn's cost
-                self._not_before.pop(unit.unit_id, None)
+            elif self.done.done(uid):  # committed since: dropped, at no turn's cost
+                self._not_before.pop(uid, None)
             else:
                 self._again.append(unit)
 
@@ -128,16 +129,16 @@ class Claims:
         if crowded and self.held.held(uid) and uid not in self._not_before:
             # Listed as held: looked at later, with no claim attempt now.
             self.deferred.append(unit)
-            wait = min(HELD_S, self.leases.timeout_s * REVISIT_MAX_PART)
+            wait = min(HELD_S, self.leases.timeout_s / 4)
             self._not_before[uid] = time.monotonic() + max(wait, REVISIT_S)
             return False
         if not self.leases.try_claim(uid):
             self.deferred.append(unit)  # a live worker holds it
             self._crowded = time.monotonic()
-            timeout, age = self.leases.timeout_s, self.leases.held_age
-            wait = timeout - age  # when its lease could first go stale
-            if age < 2 * self.leases.heartbeat_s:  # a live holder may hand it back sooner
-                wait = min(wait, timeout * REVISIT_MAX_PART)
+            self.held.stale()
+            # Tried again when its lease could first go stale (sooner once leases/ no
+            # longer lists it: a holder that stops hands it back).
+            wait = self.leases.timeout_s - self.leases.held_age
             self._not_before[uid] = time.monotonic() + max(wait, REVISIT_S)
             return False
         self._not_before.pop(uid, None)

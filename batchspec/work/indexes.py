@@ -63,9 +63,13 @@ class HeldIndex:
             self._listed = (time.monotonic(), names)
         return unit_id in names
 
-    def forget(self, unit_id: str) -> None:
-        """A unit this worker claimed or saw done: no longer someone else's."""
-        self._listed[1].discard(unit_id)
+    def stale(self) -> None:
+        """A unit the listing showed free was held: list again at the next look, unless the
+        listing is younger than a thirtieth of ``HELD_S`` (a walk over units taken since
+        lists once or twice, not per unit)."""
+        at, names = self._listed
+        if time.monotonic() - at > HELD_S / 30:
+            self._listed = (-float("inf"), names)
 
 
 class DoneIndex:
