@@ -42,8 +42,8 @@ def commit(out: OutDir, unit_id: str) -> None:
 def test_simulated_fleet_commits_every_unit_once_under_kills(tmp_path: Path) -> None:
     """12 workers, 72 units, 2 workers killed mid-unit: every unit committed once (every row
     once), the dead workers' units taken over within lease timeout + heartbeat + the longest
-    wait before a look again (300 + 20 + 75 simulated s), and a unit's filesystem cost bounded
-    (the version before this one spent 614 operations per unit at 16 workers)."""
+    wait before a look again (300 + 20 + 30 + 2 simulated s), and a unit's filesystem cost
+    bounded (the version before this one spent 680 operations per unit at 16 workers)."""
     results = tmp_path / "fleet.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "sim_fleet.py"), "--workers", "12"]
     cmd += ["--units-per-worker", "6", "--kills", "2", "--speed", "60", "--procs", "2"]
@@ -55,7 +55,7 @@ def test_simulated_fleet_commits_every_unit_once_under_kills(tmp_path: Path) -> 
     assert re.fullmatch(pattern + r", exactly once: yes", last), last
     (r,) = json.loads(results.read_text())
     assert r["exactly_once"] and r["parts"] == 72 and r["kills"] == 2, r
-    assert r["takeover_s"] <= 300 + 20 + 75 + 30, r  # 30 s: scheduling noise at 60x
+    assert (r["takeover_s"] or 0) <= 300 + 20 + 30 + 2 + 30, r  # 30 s: scheduling noise at 60x
     assert r["ops_per_unit"] < 150 and r["conflicts_per_claim"] < 3, r
 
 
