@@ -65,10 +65,10 @@ class HeldIndex:
 
     def stale(self) -> None:
         """A unit the listing showed free was held: list again at the next look, unless the
-        listing is younger than a thirtieth of ``HELD_S`` (a walk over units taken since
-        lists once or twice, not per unit)."""
+        listing is younger than a tenth of ``HELD_S`` (a walk over units taken since lists
+        once or twice, not per unit; a fleet's end, every few seconds at most)."""
         at, names = self._listed
-        if time.monotonic() - at > HELD_S / 30:
+        if time.monotonic() - at > HELD_S / 10:
             self._listed = (-float("inf"), names)
 
 
