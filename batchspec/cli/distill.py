@@ -36,6 +36,8 @@ from batchspec.cli.common import (
               help="Passes over the training rows.")  # fmt: skip
 @click.option("--vocab", type=click.IntRange(min=0), default=4096, show_default=True,
               help="Draft vocabulary: the N most frequent tokens (0: all).")  # fmt: skip
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop training after M minutes (the epoch in progress ends there).")  # fmt: skip
 @set_option
 @user_errors
 def distill(
@@ -46,6 +48,7 @@ def distill(
     holdout: float,
     epochs: int,
     vocab: int,
+    minutes: float | None,
     overrides: tuple[str, ...],
 ) -> None:
     """Train an EAGLE-3 draft head on JOB's committed rows (its output directory's parts),
@@ -55,7 +58,9 @@ def distill(
     from batchspec.measure.distill import distill as run_distill
 
     spec = load_job(job, overrides, output)
-    opts = Options(name=name, rows=rows, holdout=holdout, epochs=epochs, vocab=vocab)
+    opts = Options(
+        name=name, rows=rows, holdout=holdout, epochs=epochs, vocab=vocab, minutes=minutes
+    )
     dest, record = run_distill(spec, opts, click.echo)
     click.echo(summary(record))
     click.echo(f"head: {dest} (speculative.method: eagle3, speculative.model: {dest})")

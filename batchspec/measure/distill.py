@@ -56,6 +56,8 @@ class Options:
     seed: int = 0
     nodes: tuple[int, ...] = (4, 8)
     depth: int = 6
+    minutes: float | None = None
+    """Stop training after this long (the epoch in progress ends there)."""
 
 
 def split(rows: list[Row], holdout: float) -> tuple[list[Row], list[Row]]:
@@ -146,13 +148,14 @@ def fit(
             history = saved["history"]
     order = random.Random(opts.seed)
     bar = tqdm(total=n_train * opts.epochs, initial=n_train * len(history), unit="row")
+    stop = time.monotonic() + opts.minutes * 60 if opts.minutes else float("inf")
     for epoch in range(len(history), opts.epochs):
         chunks = list(range(len(store.chunks())))
         order.shuffle(chunks)
         total, agree, seen = 0.0, [0.0] * 3, 0
         for chunk in chunks:
             for i, tokens, feats in store.read(chunk):
-                if i >= n_train or tokens.shape[0] < 3:
+                if i >= n_train or tokens.shape[0] < 3 or time.monotonic() > stop:
                     continue
                 loss, acc = row_loss(head, tokens, feats, teacher, rope)
                 (loss / ROWS_PER_STEP).backward()
@@ -168,7 +171,12 @@ def fit(
         opt.zero_grad()
         n = max(seen, 1)
         history.append(
-            {"epoch": epoch + 1, "loss": total / n, "top1_agreement": [a / n for a in agree]}
+            {
+                "epoch": epoch + 1,
+                "rows": seen,
+                "loss": total / n,
+                "top1_agreement": [a / n for a in agree],
+            }
         )
         state = {"key": key, "head": head.state_dict(), "opt": opt.state_dict()}
         torch.save({**state, "history": history}, ckpt)
@@ -205,7 +213,10 @@ def summary(record: dict[str, Any]) -> str:
     lines = [f"{record['architecture']}; {json.dumps(record['rows'])}"]
     for e in record["epochs"]:
         agree = ", ".join(f"{a:.2f}" for a in e["top1_agreement"])
-        lines.append(f"epoch {e['epoch']}: loss {e['loss']:.3f}, top-1 agreement by depth {agree}")
+        lines.append(
+            f"epoch {e['epoch']} ({e.get('rows')} rows): loss {e['loss']:.3f}, "
+            f"top-1 agreement by depth {agree}"
+        )
     for domain, per_k in record["held_out"].items():
         cells = [f"{k} nodes {v['head']:.2f} (n-gram {v['ngram']:.2f})" for k, v in per_k.items()]
         lines.append(f"held out, {domain}: tokens per step " + ", ".join(cells))
