@@ -166,6 +166,8 @@ def test_rerun_with_other_spec_is_refused(ngram_run) -> None:
 
 
 def test_target_as_its_own_draft_accepts_everything(tmp_path: Path) -> None:
+    """Also two samples per prompt with log-probabilities (sampling.n, logprobs): rows, their
+    logprobs columns and export's order (one engine start serves both)."""
     job = job_dict(
         tmp_path / "out",
         speculative={
@@ -176,12 +178,20 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path: Path) -> None:
             "prompt_lookup_max": None,
         },
         output={"unit_rows": 4},
+        sampling={"n": 2, "logprobs": 3, "prompt_logprobs": 1},
     )
     path = write_job(tmp_path / "job.yaml", job)
     result = run_cli("run", str(path), "--limit", "8", "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")
-    assert out.height == 8 and out["error"].null_count() == 8
+    assert out.height == 16 and out["error"].null_count() == 16
+    assert_samples_and_logprobs(out)
+    dest = tmp_path / "ds"
+    assert run_cli("export", str(tmp_path / "out"), "--to", str(dest)).returncode == 0
+    ids = pl.read_parquet(PROMPTS)["id"].head(8).to_list()
+    exported = pl.read_parquet(dest / "data" / "*.parquet")
+    assert exported["id"].to_list() == [i for i in ids for _ in range(2)]
+    assert exported["sample_index"].to_list() == [0, 1] * 8
     assert set(out["spec_method"]) == {"draft_model"}
     assert out["num_draft_tokens"].sum() > 0
     assert (out["num_accepted_tokens"] == out["num_draft_tokens"]).all()
@@ -204,3 +214,20 @@ def test_retry_errors_regenerates_only_error_rows(ngram_run) -> None:
     assert after.select(key).sort("id").equals(before.select(key).sort("id"))
     units_with_errors = before.filter(pl.col("error").is_not_null())["unit_id"].n_unique()
     assert len(list((out / "history").iterdir())) == units_with_errors
+
+def assert_samples_and_logprobs(out: pl.DataFrame) -> None:
+    """Greedy samples of a prompt are the same text; every generated token has the chosen
+    token's log-probability first (the greedy one, so the best) then the top 3; every prompt
+    token its own (none for the first)."""
+    for _, rows in out.sort("sample_index").group_by("id"):
+        assert rows["sample_index"].to_list() == [0, 1]
+        assert rows["generated_text"].n_unique() == 1
+    for r in out.iter_rows(named=True):
+        lps = r["logprobs"]
+        assert len(lps) == r["num_output_tokens"]
+        for pos in lps:
+            values = [e["logprob"] for e in pos]
+            assert 3 <= len(pos) <= 4 and values[0] == max(values) and max(values) <= 0
+        prompt = r["prompt_logprobs"]
+        assert len(prompt) == r["num_prompt_tokens"] and prompt[0] == []
+        assert all(1 <= len(pos) <= 2 for pos in prompt[1:])
