@@ -215,6 +215,7 @@ def test_retry_errors_regenerates_only_error_rows(ngram_run) -> None:
     units_with_errors = before.filter(pl.col("error").is_not_null())["unit_id"].n_unique()
     assert len(list((out / "history").iterdir())) == units_with_errors
 
+
 def assert_samples_and_logprobs(out: pl.DataFrame) -> None:
     """Greedy samples of a prompt are the same text; every generated token has the chosen
     token's log-probability first (the greedy one, so the best) then the top 3; every prompt
