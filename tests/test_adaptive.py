@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from conftest import DOMAINS, IN_PROCESS_ENGINE, SPECULATIVE_MEASURED, run_cli, small_job
+from support.replay_checks import assert_replay_exact
 
 from batchspec.io.layout import OutDir
 from batchspec.spec_file import load_spec
@@ -100,3 +101,7 @@ def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path)
     assert probed["unit_id"].n_unique() >= 1 and probed["num_spec_steps"].sum() > 0
     (log,) = (json.loads(p.read_text()) for p in (tmp_path / "out" / "runs").glob("*.json"))
     assert log["engines"][0]["num_speculative_tokens"] == 5  # the probe came first
+    # The probe is the run's only exploring unit (vLLM has no step profile: K=5's cost is
+    # unknown until it runs); the replay is exact at both K that ran.
+    assert sum(e["units_explored"] for e in log["engines"]) == 1
+    assert_replay_exact(tmp_path / "out", [0, 3, 5])

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, write_job
+from support.replay_checks import assert_replay_exact
 
 from batchspec.models import embedded_dir
 
@@ -128,6 +129,12 @@ def test_acceptance_invariants(ngram_run) -> None:
             )
         else:
             assert r["acceptance_rate"] is None
+
+
+def test_replay_equals_vllms_own_counts(ngram_run) -> None:
+    """Every row replayed at every K of the grid; at K=3, the K that ran, the replay of
+    vLLM's n-gram proposer equals vLLM's own accepted count on every comparable row."""
+    assert_replay_exact(ngram_run[0].parent / "out", [0, 1, 2, 3, 5, 8])
 
 
 def test_timing_invariants(ngram_run) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from conftest import PROMPTS, job_dict, run_cli, small_job, write_job
+from support.replay_checks import assert_replay_exact
 
 from batchspec.engines.planted import ACCEPT_ALL_ENV
 
@@ -48,6 +49,8 @@ def test_tree_job_runs_with_the_usual_columns(tmp_path: Path) -> None:
         assert 0 < row["num_output_tokens"] <= 24
     # The translation and summarization prompts quote their input: trees find drafts there.
     assert df["num_accepted_tokens"].sum() > 0
+    # Replayed at every K of the grid, and at K=6 equal to the engine's counts (issue 22).
+    assert_replay_exact(tmp_path / "out", [0, 1, 2, 3, 5, 6, 8])
 
 
 def test_greedy_trees_are_identical_to_plain_decoding(tmp_path: Path) -> None:
