@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
@@ -44,8 +44,9 @@ import yaml
 from batchspec.spec_file import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-DEATH_S = 5.0
-"""How long a killed worker's processes may take to die with it (measured: 0.1-0.3 s)."""
+DEATH_S = 10.0
+"""How long a killed worker's processes may take to die with it (measured: 0.1-0.3 s on a
+quiet machine; a CI run with two engines per core once saw one still alive after 5 s)."""
 
 
 @dataclass
@@ -63,6 +64,8 @@ class Trial:
     """The run's vLLM engine processes (``VLLM::...``) when it was killed."""
     survivors: int = 0
     """With ``--kill alone``: the run's processes still alive ``DEATH_S`` after the kill."""
+    survivor_names: list[str] = field(default_factory=list)
+    """Their command lines (what to look at when one survives)."""
 
 
 def committed(out: Path) -> int:
@@ -123,13 +126,15 @@ def kill_trials(
             break  # finished the job before the kill: nothing left to interrupt
         engines, survivors = _kill(proc, alone)
         rows, units = _lost_work(out, started)
-        results.append(Trial(when, delay, before, committed(out), rows, units, engines, survivors))
+        trial = Trial(when, delay, before, committed(out), rows, units, engines, len(survivors))
+        trial.survivor_names = survivors
+        results.append(trial)
     return results
 
 
-def _kill(proc: subprocess.Popen, alone: bool) -> tuple[int, int]:
+def _kill(proc: subprocess.Popen, alone: bool) -> tuple[int, list[str]]:
     """SIGKILL the run (alone: its first process only, then wait for the rest to die with
-    it); its engine processes at the kill, and how many processes outlived it by DEATH_S.
+    it); its engine processes at the kill, and the processes that outlived it by DEATH_S.
     Whatever is left of its group is killed after."""
     procs = psutil.Process(proc.pid).children(recursive=True)
     engines = sum(_name(p).startswith("VLLM::") for p in procs)
@@ -139,9 +144,10 @@ def _kill(proc: subprocess.Popen, alone: bool) -> tuple[int, int]:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     _, alive = psutil.wait_procs(procs, timeout=DEATH_S if alone else 0.5)
+    names = [f"{p.pid} {_name(p)[:100]}" for p in alive] if alone else []
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    return engines, len(alive) if alone else 0
+    return engines, names
 
 
 def _name(proc: psutil.Process) -> str:

@@ -15,8 +15,14 @@ pytestmark = pytest.mark.engine
 
 
 def test_two_workers_share_units_stop_on_a_group_signal_and_never_commit_one_twice(
-    tmp_path: Path,
+    tmp_path: Path, full: bool
 ) -> None:
+    """~110 s alone, four engine starts: runs with ``--full`` (the suite's time budget). By
+    default the same claiming is proven by the Slurm array's two tasks on one directory
+    (``test_slurm``), the simulated fleet's twelve workers under kills (``test_fleet``), and
+    the stop on a group signal by one worker's (``test_interrupts``)."""
+    if not full:
+        pytest.skip("two workers, four engine starts: runs with --full")
     job, ids = resume_job(tmp_path, rows=48, unit_rows=4, max_tokens=16)
     out = tmp_path / "out"
     # Ctrl-C reaches the launcher and both workers (and, but for their blocked signals, the

@@ -13,11 +13,24 @@ is "rejected", and the recovered token that replaces it is the draft token itsel
 requests never reach this path. Measured with the embedded model (math-0001 at temperature 1,
 200 samples): "Maria has" 57 and "Maria gives" 0 times with n-gram speculation, against 29 and
 26 without. The replacement below is the kernel's definition in plain torch.
+
+Its CPU platform also rebinds Triton kernels at every engine start by scanning every loaded
+module's namespace (``vllm.triton_utils.dispatcher._rebind_kernels``), reading each object's
+``vars()``. llvmlite's ``ffi.lib`` (loaded with numba by the n-gram proposer) answers any
+attribute, ``__dict__`` included, with a function wrapper, so a second engine started in the
+same process after an n-gram engine fails (``'_lib_fn_wrapper' object has no attribute
+'get'``). :func:`rebind_without_lazy_namespaces` hides that module during the scan.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
+
+# Modules whose namespace answers every attribute lookup (so ``vars()`` of their objects is not
+# a dict); none of them holds a Triton kernel.
+_LAZY_NAMESPACES = ("llvmlite.binding.ffi",)
 
 
 def expand_batch_to_tokens(
@@ -30,6 +43,20 @@ def expand_batch_to_tokens(
     counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1))
     values = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
     return torch.repeat_interleave(values, counts, output_size=num_tokens)
+
+
+def rebind_without_lazy_namespaces(rebind: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``rebind`` (vLLM's kernel rebinding scan) run with :data:`_LAZY_NAMESPACES` out of
+    ``sys.modules``, put back afterwards whatever happens."""
+
+    def scan(overrides: Any) -> None:
+        hidden = {name: sys.modules.pop(name) for name in _LAZY_NAMESPACES if name in sys.modules}
+        try:
+            rebind(overrides)
+        finally:
+            sys.modules.update(hidden)
+
+    return scan
 
 
 def register() -> None:
@@ -46,3 +73,9 @@ def register() -> None:
     from vllm.v1.sample import rejection_sampler
 
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    from vllm.triton_utils import dispatcher
+
+    if not getattr(dispatcher._rebind_kernels, "__wrapped__", None):
+        scan = rebind_without_lazy_namespaces(dispatcher._rebind_kernels)
+        scan.__wrapped__ = dispatcher._rebind_kernels  # type: ignore[attr-defined]
+        dispatcher._rebind_kernels = scan

@@ -78,6 +78,9 @@ class Worker:
         self._source: ClaimingSource | None = None
         self.record = ProgressLog(self.out, name, stats.run_id)
         self.replays = Replays(spec)
+        # Units the policy took only to explore, up to the last engine record: a probe is
+        # taken before its engine starts, so each record counts from the previous one.
+        self._explored_counted = 0
         todo_ids = {u.unit_id for u in todo}
         n = spec.sampling.n  # output rows per input row, as parts and progress count them
         self.rows_total = sum(u.num_rows for u in pre.units) * n
@@ -190,7 +193,6 @@ class Worker:
             replay.checked,
             replay.equal,
         )
-        explored = self.scheduler.policy.explored
         feed = UnitKFeed(source, self.scheduler) if engine.k_per_unit else source
         try:
             for result in engine.run(feed, self.stop.expired):
@@ -208,7 +210,9 @@ class Worker:
             record["rows_replayed"] = replay.rows - replayed
             record["replay_checked"] = replay.checked - checked
             record["replay_equal"] = replay.equal - equal
-            record["units_explored"] = self.scheduler.policy.explored - explored
+            explored = self.scheduler.policy.explored
+            record["units_explored"] = explored - self._explored_counted
+            self._explored_counted = explored
             self.stats.engines.append(record)
         return record.get("failure")
 
