@@ -22,7 +22,7 @@ from batchspec.models import embedded_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("e2e")]
 
-PER_DOMAIN = 6
+PER_DOMAIN = 4
 BAD_ROWS = {
     "bad-empty": [{"role": "user", "content": "   "}],
     "bad-null": None,

@@ -41,7 +41,7 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full
     # picked so that both kinds of kill occur: 21 gives startup (10.7 s, the engine half up),
     # then generating.
     n, seed = (10, 1234) if full else (2, 21)
-    job, ids = resume_job(tmp_path, rows=96, unit_rows=4, max_tokens=16)
+    job, ids = resume_job(tmp_path, rows=48, unit_rows=4, max_tokens=16)
     out = tmp_path / "out"
     trials = kill_trials(job, trials=n, seed=seed)
     assert len(trials) == n, f"the job finished before {n} kills: give it more work"
@@ -54,9 +54,9 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full
 
     # SIGTERM to the whole process group (as a shell job or `kill -TERM -PGID` sends it): the
     # engine does not see it, so the units in flight finish and the run exits 0, leaving no
-    # lease and no progress record of its own. The killed workers' records stay (nobody
-    # removes them), and their leases until a worker's walk of the plan (which starts at a
-    # point hashed from its name) reaches their units.
+    # lease and no heartbeat record of its own. The killed workers' leases stay until a
+    # worker's walk of the plan (which starts at a point hashed from its name) reaches their
+    # units, and their records until one takes over a lease of theirs.
     killed = set((out / "leases").glob("*.progress.json"))
     dead_leases = set((out / "leases").glob("*.lease"))
     before = committed(out)
@@ -68,8 +68,8 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full
     log = run_logs(out)[-1]
     assert log["units_abandoned"] == 0 and log["engine_failures"] == 0, log
     assert set((out / "leases").glob("*.lease")) <= dead_leases
-    assert set((out / "leases").glob("*.progress.json")) == killed
-    assert before < committed(out) < 24
+    assert set((out / "leases").glob("*.progress.json")) <= killed
+    assert before < committed(out) < 12
 
     # Two signals: the second quits at once (the engine, hung here so that units are in
     # flight, is killed with the run); the next run takes the leases left over at once.

@@ -27,8 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batchspec.engines.tree.drafting import replay
-from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.spec import JobSpec
 from batchspec.spec_tree import TREE
 from batchspec.units import RowResult
@@ -142,6 +140,11 @@ class Replayer:
 
     def _tree(self, prompt: list[int], out: list[int], domain: str | None, k: int) -> int:
         """The tree engine's n-gram trees at K with the domain's shape (its own defaults)."""
+        # Imported here: the tree engine's modules import torch (a second of every CLI
+        # command's start, ``validate`` and ``status`` included, which reach this module).
+        from batchspec.engines.tree.drafting import replay
+        from batchspec.engines.tree.ngram import NgramDrafter
+
         s = self.spec.speculative
         if k <= 0 or s.tree is None:
             return 0
