@@ -81,7 +81,13 @@ def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
     assert len(stats) == 1 and len(stats[0].read_text().splitlines()) == out["unit_id"].n_unique()
 
 
-def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(tmp_path: Path) -> None:
+def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(
+    tmp_path: Path, full: bool
+) -> None:
+    """Two engines in one run: runs with ``--full`` (the suite's time budget); by default the
+    policy's probe decision is proven by ``test_controller``."""
+    if not full:
+        pytest.skip("a probe engine and a second engine: runs with --full")
     job = small_job(
         tmp_path, 4, speculative={"k_grid": [0, 3, 5], "explore": 1.0}, sampling={"max_tokens": 16}
     )
