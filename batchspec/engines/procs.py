@@ -43,6 +43,9 @@ ENGINE_ENV = "BATCHSPEC_ENGINE"
 a batchspec engine's (vLLM run by anything else, e.g. a benchmark against bare vLLM, is left
 alone), and the one the worker started itself is the engine core."""
 PR_SET_PDEATHSIG = 1
+SPAWN_PARENT_ENV = "BATCHSPEC_SPAWN_PARENT"
+"""The pid of the process spawning an engine's processes, recorded for them to check at their
+first instruction (``arm_spawned_child``)."""
 
 
 @contextlib.contextmanager
@@ -118,18 +121,31 @@ def spawned_children_bound() -> Iterator[None]:
     main = sys.modules["__main__"]
     saved = getattr(main, "__spec__", None)
     main.__spec__ = importlib.util.find_spec("batchspec.engines.spawned")
+    parent = os.environ.get(SPAWN_PARENT_ENV)
+    os.environ[SPAWN_PARENT_ENV] = str(os.getpid())
     try:
         yield
     finally:
         main.__spec__ = saved
+        if parent is None:
+            os.environ.pop(SPAWN_PARENT_ENV, None)
+        else:
+            os.environ[SPAWN_PARENT_ENV] = parent
 
 
 def arm_spawned_child() -> None:
     """``spawned_children_bound``'s first step in a child, when ``ENGINE_ENV`` names another
-    process (a worker, above this one)."""
+    process (a worker, above this one). The parent is the pid the spawning process recorded
+    (``SPAWN_PARENT_ENV``), not ``getppid()``: a parent killed before this child's Python
+    started has already handed it to another, and the child must die now, not with that one
+    (seen in CI: an engine core still alive after its worker's kill -9 at start-up). The
+    child then records itself for the processes it spawns (vLLM's engine core starts the
+    model's workers)."""
     worker = os.environ.get(ENGINE_ENV)
     if worker and worker != str(os.getpid()):
-        die_with_parent(os.getppid())
+        parent = os.environ.get(SPAWN_PARENT_ENV)
+        die_with_parent(int(parent) if parent else os.getppid())
+        os.environ[SPAWN_PARENT_ENV] = str(os.getpid())
 
 
 def arm_engine_process() -> None:
