@@ -4,13 +4,13 @@ temperature, max_tokens) are the ones it decodes with, and logprobs come back to
 
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import job_dict
 
+from batchspec.engines.base import ListSource
 from batchspec.engines.tree.engine import TreeEngine
 from batchspec.engines.tree.load import Target
 from batchspec.engines.tree.model import TreeModel
@@ -40,20 +40,6 @@ class Letters:
         return "".join(f"<{i}>" for i in ids)
 
 
-class Rows:
-    def __init__(self, unit: UnitRequests) -> None:
-        self.units = deque([unit])
-
-    def next_unit(self) -> UnitRequests | None:
-        return self.units.popleft() if self.units else None
-
-    def exhausted(self) -> bool:
-        return not self.units
-
-    def wait(self) -> None:
-        return None
-
-
 def engine(
     k: int, logprobs: int | None = None, eos: set[int] = frozenset(), **sampling
 ) -> TreeEngine:
@@ -74,7 +60,9 @@ def engine(
 def run(eng: TreeEngine, reqs: list[RowRequest]) -> list[RowResult]:
     unit = WorkUnit(0, "in.parquet", 0, len(reqs), None, len(reqs))
     results = [
-        r for res in eng.run(Rows(UnitRequests(unit, reqs)), lambda: False) for r in res.results
+        r
+        for res in eng.run(ListSource([UnitRequests(unit, reqs)]), lambda: False)
+        for r in res.results
     ]
     return results
 

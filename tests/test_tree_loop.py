@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 import torch
 from conftest import CPU_BIND_ENV, job_dict
 
+from batchspec.engines.base import ListSource
 from batchspec.engines.tree.drafting import replay
 from batchspec.engines.tree.engine import TreeEngine
 from batchspec.engines.tree.load import Target, open_drafter
@@ -63,22 +63,6 @@ class Letters:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(f"<{i}>" for i in ids)
-
-
-class Rows:
-    """A ``UnitSource`` of one unit."""
-
-    def __init__(self, unit: UnitRequests) -> None:
-        self.units = deque([unit])
-
-    def next_unit(self) -> UnitRequests | None:
-        return self.units.popleft() if self.units else None
-
-    def exhausted(self) -> bool:
-        return not self.units
-
-    def wait(self) -> None:
-        return None
 
 
 def cycle_model(batch: int, noise: float = 0.002) -> TreeModel:
@@ -132,7 +116,7 @@ def run(eng: TreeEngine, rows: list[list[int]], seeds: list[int | None] | None =
         for i, (p, s) in enumerate(zip(rows, seeds, strict=True))
     ]
     results: list[RowResult] = []
-    for res in eng.run(Rows(UnitRequests(unit, reqs)), lambda: False):
+    for res in eng.run(ListSource([UnitRequests(unit, reqs)]), lambda: False):
         assert res.engine == TREE
         results.extend(res.results)
     eng.close()
