@@ -72,3 +72,35 @@ def test_nothing_to_verify_when_every_domain_is_off(tmp_path: Path) -> None:
     zero = dict.fromkeys(["chat", "code", "math", "qa", "summarization", "translation"], 0)
     with pytest.raises(UserError, match="nothing to verify"):
         runner(tmp_path, **zero)
+
+
+def test_sampled_rows_are_cut_to_the_tested_tokens_min_tokens_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampled check generates only its first ``tokens``: every row's ``max_tokens`` (the
+    job's and a column's) is cut to them, and ``min_tokens`` with it (vLLM refuses a
+    ``min_tokens`` above ``max_tokens``; below either bound end-of-sequence is masked alike)."""
+    import polars as pl
+
+    sampling = {"temperature": 1.0, "max_tokens": 64, "min_tokens": 16}
+    job = small_job(tmp_path, 2, sampling=sampling | {"columns": {"max_tokens": "mt"}})
+    data = tmp_path / "in.parquet"
+    pl.read_parquet(data).with_columns(pl.lit(48).alias("mt")).write_parquet(data)
+    seen: list[Any] = []
+
+    class Recording(EchoEngine):
+        def run(self, source: Any, should_abort: Any) -> Any:
+            while (unit := source.next_unit()) is not None:
+                seen.extend(r.sampling for r in unit.rows)
+                yield type("Done", (), {"results": [RowResult(r) for r in unit.rows]})()
+
+    def opening(spec: Any, k: int, lp: Any) -> EchoEngine:
+        seen.append(spec.sampling)
+        return Recording([], k)
+
+    monkeypatch.setattr(verify_mod, "open_engine", opening)
+    monkeypatch.setattr(verify_mod, "sampled_check", lambda *a: {})
+    r = verify_mod._Runner(load_spec(job), 6, None, print)
+    verify_mod.verify_sampled(r, samples=2, tokens=4, alpha=0.05)
+    assert seen and all(s is not None for s in seen)
+    assert {(s.max_tokens, s.min_tokens) for s in seen} == {(4, 4)}

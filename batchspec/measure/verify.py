@@ -69,10 +69,19 @@ def pick_rows(spec: JobSpec, rows: int) -> tuple[list[WorkUnit], dict[Any, int],
 
 
 def build_requests(
-    spec: JobSpec, units: list[WorkUnit], quota: dict[Any, int], tokenizer: Any, max_len: int
+    spec: JobSpec,
+    units: list[WorkUnit],
+    quota: dict[Any, int],
+    tokenizer: Any,
+    max_len: int,
+    cap: int | None = None,
 ) -> list[RowRequest]:
-    # A row's own settings (sampling.columns) apply; its n samples are verify's copies.
-    one = spec.sampling.model_copy(update={"n": 1})
+    """The sampled rows' requests. A row's own settings (sampling.columns) apply; its n
+    samples are verify's copies. ``cap`` (the sampled check's tokens) bounds every row's
+    ``max_tokens``, and its ``min_tokens`` with it: the tested first tokens see the same
+    distribution (end-of-sequence masked below either bound), and vLLM refuses a
+    ``min_tokens`` above ``max_tokens``."""
+    one = _capped(spec.sampling.model_copy(update={"n": 1}), cap)
     builder = PromptBuilder(spec.input, tokenizer, max_len, spec.sampling.seed, sampling=one)
     taken: dict[Any, int] = {}
     out = []
@@ -80,8 +89,16 @@ def build_requests(
         for req in builder.build(unit).rows:
             if taken.get(unit.domain, 0) < quota.get(unit.domain, 0):
                 taken[unit.domain] = taken.get(unit.domain, 0) + 1
-                out.append(req)
+                own = req.sampling
+                out.append(req if own is None else replace(req, sampling=_capped(own, cap)))
     return out
+
+
+def _capped(sampling: Any, cap: int | None) -> Any:
+    if cap is None:
+        return sampling
+    bounded = {"max_tokens": min(sampling.max_tokens, cap)}
+    return sampling.model_copy(update=bounded | {"min_tokens": min(sampling.min_tokens, cap)})
 
 
 def run_rows(engine: Any, unit: WorkUnit, rows: list[RowRequest]) -> list[RowResult]:
@@ -133,7 +150,8 @@ class _Runner:
         try:
             quota = {d: self.quota[d] for d in domains}
             units = [u for u in self.units if u.domain in quota]
-            base = build_requests(spec, units, quota, self.tokenizer, engine.max_model_len)
+            cap = spec.sampling.max_tokens if copies > 1 else None
+            base = build_requests(spec, units, quota, self.tokenizer, engine.max_model_len, cap)
             rows = [replace(r, seed=None) for r in base for _ in range(copies)]
             started = time.perf_counter()
             if copies > 1:
@@ -181,7 +199,8 @@ def verify_greedy(
 
 
 def verify_sampled(runner: _Runner, samples: int, tokens: int, alpha: float) -> dict[str, Any]:
-    spec = _with(runner.spec, "sampling", max_tokens=tokens)
+    min_tokens = min(runner.spec.sampling.min_tokens, tokens)  # see build_requests
+    spec = _with(runner.spec, "sampling", max_tokens=tokens, min_tokens=min_tokens)
     vllm = spec.speculative.engine == VLLM
     if vllm and on_cpu() and "block_size" not in spec.model.engine_kwargs:
         spec = _with(
