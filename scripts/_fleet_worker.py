@@ -9,6 +9,7 @@ adaptive policy shares them).
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -43,6 +44,10 @@ try:
     from batchspec.work import indexes as indexes_mod
 except ImportError:  # a version before the fleet work (the table's "before")
     indexes_mod = None
+try:
+    from batchspec.work import watch as watch_mod
+except ImportError:  # a version before the watch
+    watch_mod = None
 
 _PERIODS = [
     (scheduler_mod, "COUNT_WORKERS_S"),
@@ -58,19 +63,27 @@ _PERIODS = [
     (live_mod, "SAMPLE_S"),
     (live_mod, "SILENT_S"),
     (leases_mod, "COUNT_S"),
+    (watch_mod, "WATCH_S"),
     (live_mod, "LEAD_S"),
 ]
 """The product's periods (those this version has), divided by the simulation's speed (the
 display's refresh, ``live.REFRESH_S``, touches no file and is left alone)."""
 
 
+RECORD_IS_HEARTBEAT = "leases" in inspect.signature(ProgressLog).parameters
+"""The progress record is the heartbeat record (earlier versions wrote both)."""
+
+
 def scale_periods(speed: float) -> None:
     for module, name in _PERIODS:
         if hasattr(module, name):
             setattr(module, name, getattr(module, name) / speed)
-    # The display's refresh touches no file: a quarter of the (scaled) sample period is
-    # enough to keep the record's writes on time, and spares a thousand threads' wakeups.
-    live_mod.REFRESH_S = max(live_mod.REFRESH_S, live_mod.SAMPLE_S / 4)
+    # The display's refresh touches no file (since the record is the heartbeat's, not even
+    # through the record's writes): the (scaled) sample period is enough to read the others
+    # and log on time, and spares a thousand threads' wakeups. Earlier versions wrote the
+    # record from this loop: a quarter of the period kept those writes on time.
+    writes = not RECORD_IS_HEARTBEAT
+    live_mod.REFRESH_S = max(live_mod.REFRESH_S, live_mod.SAMPLE_S / (4 if writes else 1))
 
 
 def plan(units: int, rows: int) -> list[WorkUnit]:
@@ -100,7 +113,7 @@ class SimPolicy:
         pace = getattr(self.shared, "pace_s", lambda period: period)  # as KPolicy.refresh
         if time.monotonic() - self._read_at >= pace(policy_mod.REFRESH_S):
             self._read_at = time.monotonic()
-            self.shared.read_new()
+            getattr(self.shared, "read_paced", self.shared.read_new)()  # as KPolicy.refresh
 
     def decide(self, rows: dict, engine_k: int | None, workers: int = 1) -> Decision:
         return Decision(dict.fromkeys(rows, 0), None)
@@ -169,9 +182,10 @@ class StandInEngine:
                 continue
             inflight.sort(key=lambda x: x[0])
             due, req = inflight[0]
-            while time.monotonic() < due:
-                if self.dead.wait(min(0.05, max(due - time.monotonic(), 0))):
-                    raise Vanished
+            # One wakeup per unit (a thousand workers polling every 50 ms starved the
+            # machine's two cores: the fleet's clock, not the protocol, set the pace).
+            if self.dead.wait(max(due - time.monotonic(), 0)):
+                raise Vanished
             inflight.pop(0)
             req.finished = len(req.rows)
             results = [RowResult(r, "x", 3, 1, "length", timing=None) for r in req.rows]
@@ -189,6 +203,9 @@ class CountingClaims(Claims):
         self.conflicts = 0
         self.conflict_times: list[float] = []
         self.conflict_units: list[str] = []
+        self.conflict_revisits = 0
+        """Conflicts on units looked at again (``_revisit_due``), not met on the walk."""
+        self._revisiting: set[str] = set()
 
         try_claim = self.leases.try_claim
 
@@ -198,9 +215,15 @@ class CountingClaims(Claims):
                 self.conflicts += 1
                 self.conflict_times.append(time.time() - self.t0)
                 self.conflict_units.append(unit_id)
+                self.conflict_revisits += unit_id in self._revisiting
+            self._revisiting.discard(unit_id)
             return ok
 
         self.leases.try_claim = counted  # type: ignore[method-assign]
+
+    def _revisit_due(self, *args: Any, **kwargs: Any) -> None:
+        super()._revisit_due(*args, **kwargs)
+        self._revisiting |= {u.unit_id for u in self._again}
 
     def claim(self, unit: WorkUnit) -> bool:
         ok = super().claim(unit)
@@ -232,7 +255,10 @@ class SimWorker:
         self.units = units
         self.scheduler: Scheduler | None = None
         self.writer = PartWriter(self.out, output_schema(pa.string(), {}))
-        self.record = ProgressLog(self.out, name, "sim")
+        if RECORD_IS_HEARTBEAT:
+            self.record = ProgressLog(self.out, name, "sim", self.leases)
+        else:
+            self.record = ProgressLog(self.out, name, "sim")
         total = len(units) * cfg["rows"]
         # As an array task of Slurm logs it: a progress line every 30 s (simulated).
         self.live = LiveProgress(self.record, self.out, total, 0, "log", 30.0 / speed, _NULL)
@@ -352,6 +378,7 @@ class SimWorker:
             "conflicts": self.claims.conflicts,
             "conflict_times": self.claims.conflict_times,
             "conflict_units": self.claims.conflict_units,
+            "conflict_revisits": self.claims.conflict_revisits,
             "first_claim": claimed[0][0] if claimed else None,
             "killed_at": self.killed_at,
             "held_at_kill": self.held_at_kill,

@@ -127,6 +127,30 @@ def steady_rate(results: list[dict], reports: list[dict], t_end: float, speed: f
     return ops / (len(reports) * (hi - lo) * speed)
 
 
+def phases(reports: list[dict], speed: float) -> dict[str, list[int]]:
+    """[conflicts, claims] by phase of the run: ``start`` until every worker had its first
+    unit, ``work`` until the first worker ran out of work, ``end`` after (the kills' takeovers
+    and the last units, when most workers walk into units others hold)."""
+    firsts = [r["first_claim"] for r in reports if r["first_claim"] is not None]
+    idle = [r["idle_at"] for r in reports if r["idle_at"] is not None]
+    edges = (max(firsts, default=0.0), min(idle, default=float("inf")))
+    out = {"start": [0, 0], "work": [0, 0], "end": [0, 0], "on_killed": [0, 0]}
+    killed = {u for r in reports for u in r["held_at_kill"]}
+
+    def phase(t: float) -> str:
+        return "start" if t <= edges[0] else "work" if t < edges[1] else "end"
+
+    for r in reports:
+        for t, uid in zip(r["conflict_times"], r["conflict_units"], strict=True):
+            out[phase(t)][0] += 1
+            out["on_killed"][0] += uid in killed  # units a killed worker held
+        for t, _ in r["claims"]:
+            out[phase(t)][1] += 1
+    out["revisits"] = [sum(r["conflict_revisits"] for r in reports), 0]
+    out["edges_s"] = [round(e * speed) for e in edges if e != float("inf")]
+    return out
+
+
 def simulate(cfg: dict) -> dict:
     """Run one fleet and add up what its processes counted."""
     root = Path(cfg["out"])
@@ -178,6 +202,7 @@ def simulate(cfg: dict) -> dict:
         "entries_per_unit": sum(r["entries"] for r in results) / max(committed, 1),
         "ops_per_worker_s": steady_rate(results, reports, t_end, cfg["speed"]),
         "conflicts_per_claim": conflicts / max(claims, 1),
+        "phases": phases(reports, cfg["speed"]),
         "first_unit_s": (statistics.median(firsts), max(firsts)) if firsts else (None, None),
         "kills": sum(w["killed_at"] is not None for w in reports),
         "takeover_s": max(waits) if waits else None,

@@ -10,11 +10,13 @@ for a path rather than joining names of its own::
                       of FANOUT_UNITS units or more, fanned out into subdirectories of about
                       BUCKET_UNITS consecutive units each (parts/<bucket>/<unit_id>.parquet,
                       marked by parts/.fanout)
-      leases/         claims of units in flight (<unit_id>.lease), and one heartbeat record
-                      per running worker (<worker>.progress.json: rows finished per unit it
-                      holds), rewritten every heartbeat: the heartbeat of all its leases
-      progress/       one progress record per worker invocation (<worker>.json): counters and
-                      recent samples, kept after it ends (live progress, status)
+      leases/         claims of units in flight (<unit_id>.lease), and one record per running
+                      worker (<worker>.progress.json), rewritten every heartbeat and at each
+                      commit: the heartbeat of all its leases, and its progress record
+                      (counters, recent samples, rows finished per unit it holds)
+      progress/       the progress records of worker invocations that ended or were found
+                      dead (<worker>.json), moved here from leases/ and kept (live progress,
+                      status)
       job.json        the job spec of the latest run (export's dataset card, input order)
       failed/         units given up after repeated engine failures (<unit_id>.json)
       history/        earlier versions of parts replaced by --retry-errors
@@ -73,6 +75,15 @@ def bucket_of(unit_id: str) -> str:
 def host_tag() -> str:
     """This host's name as it appears in temporary names (no dots: names split on them)."""
     return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+
+
+def _listing(folder: Path) -> list[str]:
+    """A directory's names, sorted; none if it is missing (one readdir, no stat: the
+    summary's writer lists leases/ and progress/ at every pass)."""
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
 
 
 def temp_name(final: Path) -> Path:
@@ -178,19 +189,20 @@ class OutDir:
         return self.leases / f"{unit_id}{LEASE_SUFFIX}"
 
     def progress(self, worker: str) -> Path:
-        """A worker's heartbeat record: rows finished per unit it holds, rewritten per beat."""
+        """A running worker's record: its heartbeat and progress, rewritten per beat."""
         return self.leases / f"{worker}{HEARTBEAT_SUFFIX}"
 
     def progress_files(self) -> list[Path]:
-        """The heartbeat records of running workers (and of killed ones, until taken over)."""
-        return sorted(self.leases.glob(f"*{HEARTBEAT_SUFFIX}")) if self.leases.is_dir() else []
+        """The records of running workers (and of killed ones, until taken over)."""
+        return [self.leases / n for n in _listing(self.leases) if n.endswith(HEARTBEAT_SUFFIX)]
 
     @property
     def progress_dir(self) -> Path:
         return self.root / "progress"
 
     def progress_record(self, worker: str) -> Path:
-        """A worker invocation's progress record (``work.progress``), kept after it ends."""
+        """Where a worker invocation's progress record (``work.progress``) is kept after it
+        ends (while it runs, the record is ``progress(worker)``)."""
         return self.progress_dir / f"{worker}.json"
 
     @property
@@ -204,9 +216,9 @@ class OutDir:
         return self.progress_dir / ".summary.lock"
 
     def progress_records(self) -> list[Path]:
-        if not self.progress_dir.is_dir():
-            return []
-        return sorted(p for p in self.progress_dir.glob("*.json") if not p.name.startswith("."))
+        """The kept records of worker invocations that ended (or were found dead)."""
+        names = _listing(self.progress_dir)
+        return [self.progress_dir / n for n in names if n.endswith(".json") and n[0] != "."]
 
     @property
     def job_record(self) -> Path:

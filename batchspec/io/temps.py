@@ -60,6 +60,20 @@ def create_exclusive(path: Path, payload: bytes) -> bool:
     return True
 
 
+def move_file(src: Path, dst: Path) -> bool:
+    """Rename ``src`` to ``dst``, making ``dst``'s directory only if it is missing (no mkdir
+    per move: on a shared filesystem each is a metadata operation); False if ``src`` is gone."""
+    for _ in range(2):
+        try:
+            os.replace(src, dst)
+            return True
+        except FileNotFoundError:
+            if not src.exists():
+                return False
+            dst.parent.mkdir(parents=True, exist_ok=True)
+    return False
+
+
 def is_abandoned(path: Path, max_age_s: float) -> bool:
     """A temporary whose writer died on this host, or that nobody touched for ``max_age_s``."""
     owner = temp_owner(path)

@@ -202,10 +202,13 @@ class PartWriter:
     def _link_new(self, unit_id: str, table: pa.Table) -> bool:
         """Write a unit's part atomically; False when another committer got there first."""
         final = self.out.part(unit_id)
-        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._tmp(unit_id)
         try:
-            _write_synced(tmp, table)
+            try:
+                _write_synced(tmp, table)
+            except FileNotFoundError:  # its directory's first part: made then, not per commit
+                final.parent.mkdir(parents=True, exist_ok=True)
+                _write_synced(tmp, table)
             try:
                 os.link(tmp, final)  # fails if the final name exists: first committer wins
             except FileExistsError:

@@ -93,11 +93,12 @@ class KPolicy:
 
     def refresh(self) -> None:
         """Take in the units other workers committed: every ``REFRESH_S`` seconds, or less
-        often with many workers (``SharedStats.pace_s``: a file read per 20 s)."""
+        often with many workers (``SharedStats.pace_s`` and ``read_paced``: a file read per
+        20 s, from the start)."""
         if not self.adaptive or time.monotonic() - self._read_at < self.shared.pace_s(REFRESH_S):
             return
         self._read_at = time.monotonic()
-        for ob in self.shared.read_new():
+        for ob in self.shared.read_paced():
             if ob.engine in (None, self.engine):  # another engine has other step costs
                 self.ctl.add(ob)
 

@@ -5,11 +5,12 @@ the others' new lines, so every K controller of a run learns from every unit. (W
 tune`` measured before the run comes from the tuning file: ``tuning``.)
 
 Reading every worker's file costs a shared filesystem one open per file, so with many workers
-it is paced (``pace_s``): at most one file per ``FILE_S`` seconds on average, however many workers
-write. At 1,000 workers a worker learns the others' units up to a few hours late, which a K
-controller that also learns from its own units can afford; a handful of workers share them
-within seconds. Files of workers that ended long ago are read once more at most
-(``FINISHED_S``), so requeued workers' files do not pile up in every read.
+it is paced (``pace_s``, ``read_paced``): at most one file per ``FILE_S`` seconds on average,
+however many workers write, from the start of a run on. At 1,000 workers a worker learns the
+others' units up to a few hours late, which a K controller that also learns from its own units
+can afford; a handful of workers share them within seconds. Files of workers that ended long
+ago are read once more at most (``FINISHED_S``), so requeued workers' files do not pile up in
+every read.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ FILE_S = 20.0
 ``FILE_S`` × (files − 1) seconds, if that is longer than the reader's own period."""
 FINISHED_S = 3600.0
 """A file unchanged for this long (its worker ended or died) is not read again."""
+FIRST_FILES = 8
+"""Files a paced read may open however recent the last one (``read_paced``)."""
 
 
 class SharedStats:
@@ -42,6 +45,9 @@ class SharedStats:
         self._finished: set[str] = set()
         """Files unchanged for ``FINISHED_S`` at a read: skipped from then on."""
         self._made = False
+        self._paced_at = time.monotonic()
+        self._cursor = ""
+        """The last file a paced read opened: the next one goes on after it."""
 
     def pace_s(self, period_s: float) -> float:
         """Seconds between reads: ``period_s``, or ``FILE_S`` per file beyond the first."""
@@ -56,18 +62,34 @@ class SharedStats:
             # Our own lines are added to the controller directly: skip them when reading.
             self._offsets[self.path] = fh.tell()
 
-    def read_new(self) -> list[Observation]:
-        """Observations appended by any worker since the last call (whole lines only)."""
+    def read_paced(self) -> list[Observation]:
+        """``read_new`` for a K controller: at most one file per ``FILE_S`` since the last
+        paced read (``FIRST_FILES`` at least), taken in turn. A fleet's workers find the
+        others' files all at once, after their first commits: 1,000 workers each opening
+        1,000 files then is 10^6 opens in minutes, where paced they open one per 20 s each."""
+        now = time.monotonic()
+        budget = max(FIRST_FILES, int((now - self._paced_at) / FILE_S) + 1)
+        self._paced_at = now
+        return self.read_new(budget)
+
+    def read_new(self, max_files: int | None = None) -> list[Observation]:
+        """Observations appended by any worker since the last call (whole lines only); with
+        ``max_files``, from that many files at most, in turn (the rest are read later)."""
         found: list[Observation] = []
         try:
             names = sorted(n for n in os.listdir(self.dir) if n.endswith(".jsonl"))
         except FileNotFoundError:
             return found
         self._files = len(names) - (self.path.name in names)
+        names = [n for n in names if n not in self._finished]
+        if max_files is not None:
+            # Our own lines went to the controller as we wrote them: once we wrote, skip ours.
+            names = [n for n in names if n != self.path.name or self.path not in self._offsets]
+            turn = [n for n in names if n > self._cursor] + [n for n in names if n <= self._cursor]
+            names = turn[:max_files]
+            self._cursor = names[-1] if names else self._cursor
         for name in names:
             path = self.dir / name
-            if name in self._finished:
-                continue
             start = self._offsets.get(path, 0)
             with open(path, "rb") as fh:
                 fh.seek(start)

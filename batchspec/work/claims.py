@@ -30,6 +30,7 @@ from batchspec.work.leases import Leases
 from batchspec.work.quarantine import Quarantine
 from batchspec.work.scheduler import Scheduler
 from batchspec.work.stopping import StopFlag
+from batchspec.work.watch import Watch
 
 REVISIT_S = 2.0
 """How often a worker looks again at units other workers held."""
@@ -56,19 +57,33 @@ class Claims:
         """Units left to a worker that walks ahead of us (``_jump``), taken once the plan is."""
         self._not_before: dict[str, float] = {}
         """Per deferred unit: when looking again could find it free."""
+        self._unaged: set[str] = set()
+        """Deferred units only seen held in a listing: how old their lease is, and so when
+        it could go stale, only a claim attempt tells (``_revisit_due``)."""
         self.done = DoneIndex(out)
         self.held = HeldIndex(out)
+        self.watch = Watch(leases)
         self._crowded = -float("inf")
-        self._fleet = 1
-        """The most live workers counted so far (``lingers``)."""
         """When we last ran into others' units (done or held): only then is leases/ listed,
         not while we walk a stretch of our own."""
+        self._fleet = 1
+        """The most live workers counted so far (``lingers``)."""
+        self._looked = time.monotonic()
+        """When we last looked again at deferred units while our walk still gave units."""
 
     def next(self, scheduler: Scheduler, k: int, revisit_now: bool = False) -> WorkUnit | None:
         """The next unit to run at K that this worker could claim, or None for now."""
         self._fleet = max(self._fleet, self.leases.live_workers())
         if revisit_now and time.monotonic() - self._revisited >= REVISIT_S / 2:
             self._revisited = -float("inf")  # a last look: not sooner than half the period
+        walking = bool(scheduler) or bool(self.skipped)
+        if walking and self.deferred and time.monotonic() - self._looked >= REVISIT_S:
+            # Before the walk, the units whose leases could be stale by now: a dead holder's
+            # units wait for a look, not for the end of every walk that passed them.
+            self._looked = time.monotonic()
+            self._revisit_due(walking=True)
+        for uid in self.watch.orphans():  # a dead worker's units, which no walk may reach
+            self._take_over(uid, scheduler)
         while True:
             walked = not self._again
             unit = self._again.popleft() if self._again else scheduler.next_unit(k)
@@ -87,6 +102,22 @@ class Claims:
                 return None
             self._revisit_due()
 
+    def _take_over(self, unit_id: str, scheduler: Scheduler) -> None:
+        """Claim a dead worker's unit (``Watch``) wherever it is in our plan: its lease is
+        stale, and the claim takes it over."""
+        unit = next((u for u in self.deferred if u.unit_id == unit_id), None)
+        if unit is not None:
+            self.deferred.remove(unit)
+        else:
+            unit = next((u for u in self.skipped if u.unit_id == unit_id), None)
+            if unit is not None:
+                self.skipped.remove(unit)
+            else:
+                unit = scheduler.take(unit_id)
+        if unit is not None:
+            self._not_before[unit_id] = 0.0  # tried now, even if a listing shows it held
+            self._again.appendleft(unit)
+
     def _jump(self, scheduler: Scheduler, k: int) -> None:
         """Walking the plan, we ran into a unit a live worker holds: it walks on from there,
         so we leave it half of what is left (to ``skipped``: looked at once the rest is done,
@@ -99,20 +130,34 @@ class Claims:
             self.skipped.append(unit)
             rows -= unit.num_rows
 
-    def _revisit_due(self) -> None:
+    def _revisit_due(self, walking: bool = False) -> None:
         """Up to ``REVISIT_UNITS`` deferred units whose leases could be free by now, to
-        ``_again``; the others keep their turn."""
-        now = self._revisited = time.monotonic()
+        ``_again``; the others keep their turn. ``walking``: our walk still gives units, and
+        only the units whose leases could be stale by now are looked at (those gone from
+        leases/, mostly committed, wait for the end of the walk, when its listings know).
+
+        A unit only seen held in a listing is tried (to learn its lease's age) by workers
+        that walk or linger, not by those about to leave: at a fleet's end every worker has
+        passed the units others are finishing, and a try of each was a conflict per worker
+        and unit (~8 per worker at 256 workers, more than a unit's own claim); the lingerers
+        take a dead holder's units over, as they would after the others left."""
+        now = time.monotonic()
+        if not walking:
+            self._revisited = now
+        takes_over = walking or self.lingers()
         for _ in range(len(self.deferred)):
             unit = self.deferred.popleft()
             uid = unit.unit_id
             # Due: its lease could be stale by now, or it is gone from leases/ (committed,
             # or handed back by a holder that stopped).
-            due = self._not_before.get(uid, 0) <= now or not self.held.held(uid)
+            could_be_stale = self._not_before.get(uid, 0) <= now
+            could_be_stale &= takes_over or uid not in self._unaged
+            due = could_be_stale or (not walking and not self.held.held(uid))
             if len(self._again) >= REVISIT_UNITS or not due:
                 self.deferred.append(unit)
             elif self.done.done(uid):  # committed since: dropped, at no turn's cost
                 self._not_before.pop(uid, None)
+                self._unaged.discard(uid)
             else:
                 self._again.append(unit)
 
@@ -131,7 +176,9 @@ class Claims:
             self.deferred.append(unit)
             wait = min(HELD_S, self.leases.timeout_s / 4)
             self._not_before[uid] = time.monotonic() + max(wait, REVISIT_S)
+            self._unaged.add(uid)
             return False
+        self._unaged.discard(uid)
         if not self.leases.try_claim(uid):
             self.deferred.append(unit)  # a live worker holds it
             self._crowded = time.monotonic()

@@ -91,12 +91,15 @@ class DoneIndex:
         return unit_id in names
 
     def stale(self, unit_id: str) -> None:
-        """A unit its listing showed undone was committed: its directory is listed again
-        soon (after an eighth of ``LIST_S``, so a walk over many such units lists it once)."""
+        """A unit its listing showed undone was committed: its directory is listed again at
+        the next look, unless the listing is younger than an eighth of ``LIST_S`` (a walk
+        over units committed since, such as the stretch left to a worker ahead, then lists
+        once instead of paying a claim attempt per unit: lease, stat, unlink)."""
         folder = self.out.part_dir(unit_id)
         at, names = self._listed.get(folder, (-float("inf"), set()))
-        soon = time.monotonic() - LIST_S * 7 / 8
-        self._listed[folder] = (min(at, soon), names | {unit_id})
+        if time.monotonic() - at > LIST_S / 8:
+            at = -float("inf")
+        self._listed[folder] = (at, names | {unit_id})
 
 
 class FailureLog:

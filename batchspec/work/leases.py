@@ -2,13 +2,17 @@
 
 A worker claims a unit by creating ``leases/<unit_id>.lease`` with O_EXCL (atomic on local
 filesystems and NFSv3+), and removes it once the unit's part is committed or given up. Its
-heartbeat is one small record per worker, ``leases/<worker>.progress.json`` (rows finished per
-unit it holds), rewritten every ``heartbeat_s``: one write per beat however many units it
-holds, not a touch of every lease. A lease is stale, and may be taken over, when neither it
-nor its holder's record changed for longer than the timeout, or at once when its holder ran
-on this host and that process is gone (a local rerun after kill -9 need not wait out the
-timeout). Whoever takes a dead holder's lease over removes its record, so that records count
-the live workers (``live_workers``: one listing, no file read).
+heartbeat is one record per worker, ``leases/<worker>.progress.json``, rewritten every
+``heartbeat_s`` (and at each commit, which counts as a beat): one write per beat however many
+units it holds, not a touch of every lease. The same record is the worker's progress record
+(``work.progress``: counters, rows finished per unit it holds), so a running worker pays one
+periodic write, not two: on a shared filesystem's metadata server the periodic records were
+the largest cost per unit left (docs/fleet.md). A lease is stale, and may be taken over, when
+neither it nor its holder's record changed for longer than the timeout, or at once when its
+holder ran on this host and that process is gone (a local rerun after kill -9 need not wait
+out the timeout). When a worker stops, and when another takes a dead holder's lease over, the
+record moves to ``progress/`` (kept: its counters stay in the run's sums), so that the records
+left in ``leases/`` count the live workers (``live_workers``: one listing, no file read).
 
 Leases keep workers from doing the same work; they are not what makes output exactly-once.
 That is the part commit (link to the final name, first wins), so the rare race in which two
@@ -30,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from batchspec.io.layout import HEARTBEAT_SUFFIX, LEASE_SUFFIX, OutDir
-from batchspec.io.temps import create_exclusive
+from batchspec.io.temps import create_exclusive, move_file
 
 COUNT_S = 300.0
 """Live workers are counted (one listing of leases/) at most this often."""
@@ -183,10 +187,20 @@ class Leases(LeaseDir):
         self._payload = json.dumps(self.me.__dict__).encode()
         self.progress = progress
         """Rows finished per held unit, written beside the leases at every heartbeat."""
+        self.record: Callable[[], dict] | None = None
+        """The rest of the heartbeat record: this worker's progress record
+        (``ProgressLog.snapshot``, which sets it), so that one write is both."""
         self.progress_path = out.progress(worker)
+        self._writing = threading.Lock()
+        """Beats come from the heartbeat thread and from commits: one writes at a time."""
         self._beat_at = time.time()
         """When this worker last beat (or started): leases are checked again after a gap."""
         self._counted: tuple[float, int] = (-float("inf"), 1)
+        self.orphans: list[str] = []
+        """The other units of dead holders whose leases we took over: ours to take over
+        too (``work.watch``)."""
+        self.ring: list[str] = []
+        """The workers with a record in leases/ at the last count, by name (``work.watch``)."""
         self.held_age = 0.0
         """Heartbeat age of the live lease the last failed ``try_claim`` found: it cannot go
         stale for ``timeout_s`` minus that (when a claimant need not look again sooner)."""
@@ -217,10 +231,29 @@ class Leases(LeaseDir):
         with contextlib.suppress(FileNotFoundError):
             self.path(unit_id).unlink()
         if info.holder is not None and info.holder.worker != self.me.worker:
-            # Its holder is gone: its heartbeat record goes too (it counted a live worker).
-            with contextlib.suppress(FileNotFoundError):
-                self.out.progress(info.holder.worker).unlink()
+            # Its holder is gone: its record leaves leases/ (it counted a live worker), and
+            # its other units are ours to take over too.
+            self.orphans += [u for u in self.retire(info.holder.worker) if u != unit_id]
         return self._create(unit_id)
+
+    def retire(self, worker: str) -> list[str]:
+        """Move a dead worker's record to ``progress/``, where its counters stay in the run's
+        sums; a bare heartbeat (an older batchspec's, which keeps its progress record there
+        already) is removed instead. Returns the units it held. Once per dead worker: one
+        read more is cheap."""
+        path = self.out.progress(worker)
+        try:
+            record = json.loads(path.read_bytes())
+            units, full = list(record.get("units", {})), "version" in record
+        except FileNotFoundError:
+            return []  # retired by another taker, who takes its units over
+        except (ValueError, AttributeError):
+            units, full = [], False
+        if full and move_file(path, self.out.progress_record(worker)):
+            return units
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return units
 
     def release(self, unit_id: str) -> None:
         """Drop our lease (after commit, or when giving the unit up). While our heartbeat is
@@ -248,10 +281,14 @@ class Leases(LeaseDir):
         listing of leases/ (no file read), at most every ``COUNT_S``."""
         at, count = self._counted
         if time.monotonic() - at >= COUNT_S:
-            names = os.listdir(self.dir) if self.dir.is_dir() else []
+            try:
+                names = os.listdir(self.dir)
+            except FileNotFoundError:
+                names = []
             workers = {n[: -len(HEARTBEAT_SUFFIX)] for n in names if n.endswith(HEARTBEAT_SUFFIX)}
             count = len(workers | {self.me.worker})
             self._counted = (time.monotonic(), count)
+            self.ring = sorted(workers | {self.me.worker})
         return count
 
     @property
@@ -259,37 +296,59 @@ class Leases(LeaseDir):
         with self._lock:
             return set(self._held)
 
-    def beat(self) -> None:
-        """Rewrite our heartbeat record (every lease's heartbeat at once). After a gap of
-        half the timeout or more (a stall, a suspended process; the first beat), nobody
-        counted on our record: a lease taken over meanwhile is forgotten."""
-        now = time.time()
-        if now - self._beat_at >= self.timeout_s / 2:
-            for unit_id in self.held:
-                info = self.read(unit_id)
-                if info is None or info.holder != self.me:
-                    with self._lock:
-                        self._held.discard(unit_id)
-        self._beat_at = now
-        units = self.progress() if self.progress is not None else {}
-        data = {"worker": self.me.worker, "time": now, "units": units}
-        tmp = self.progress_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.progress_path)
+    def beat(self) -> dict | None:
+        """Rewrite our record (every lease's heartbeat at once, and our progress); returns
+        what it wrote, None once stopped. After a gap of half the timeout or more (a stall, a
+        suspended process), nobody counted on our record: a lease taken over meanwhile is
+        forgotten."""
+        with self._writing:
+            if self._stop.is_set():
+                return None  # stopped (or, in the fleet simulator, killed): no more beats
+            now = time.time()
+            if now - self._beat_at >= self.timeout_s / 2:
+                for unit_id in self.held:
+                    info = self.read(unit_id)
+                    if info is None or info.holder != self.me:
+                        with self._lock:
+                            self._held.discard(unit_id)
+            data = self.record() if self.record is not None else {}
+            units = self.progress() if self.progress is not None else {}
+            data |= {"worker": self.me.worker, "time": now, "beat_s": self.heartbeat_s}
+            data["units"] = units
+            tmp = self.progress_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.progress_path)
+            self._beat_at = now
+            return data
 
     def start(self) -> None:
+        """Beat now, then every ``heartbeat_s`` after the last beat: a commit's write is a
+        beat too, so with units longer than a heartbeat it replaces a periodic one."""
         self.beat()
 
         def loop() -> None:
-            while not self._stop.wait(self.heartbeat_s):
-                self.beat()
+            while True:
+                due = self._beat_at + self.heartbeat_s - time.time()
+                if due > 0:
+                    if self._stop.wait(due):
+                        return
+                    continue
+                if self.beat() is None:
+                    return
 
         self._thread = threading.Thread(target=loop, name="lease-heartbeat", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """No more beats; our record leaves leases/ (we no longer count as live): to
+        ``progress/``, kept, while it carries our progress (``ProgressLog.end`` writes the
+        final one there), else removed."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self.record is not None and move_file(
+            self.progress_path, self.out.progress_record(self.me.worker)
+        ):
+            return
         with contextlib.suppress(FileNotFoundError):
             self.progress_path.unlink()

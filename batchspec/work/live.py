@@ -1,8 +1,8 @@
 """Live progress of a run, as one worker sees it: every worker's rows, not only its own.
 
 A thread refreshes twice a second from this worker's counters (the rows its engine finished
-so far, unit by unit as they commit and row by row while they are open) and, every
-``SAMPLE_S``, rewrites this worker's progress record. The others' records are read by one
+so far, unit by unit as they commit and row by row while they are open); this worker's record
+is rewritten by its heartbeat (``Leases.beat``), not here. The others' records are read by one
 worker at a time, the holder of a lock (taken over when its holder goes silent; tried every
 ``LEAD_S``), which writes their sum (``progress.write_summary``); the others read that sum,
 as often as they show it. A worker that shows nothing (``off``) reads nothing. On a terminal
@@ -40,10 +40,15 @@ ETA_WINDOW_S = 300.0
 """The ETA divides the rows left by the rows/s of the last five minutes (steadier)."""
 DOMAINS_SHOWN = 20
 SILENT_S = 60.0
-"""A record not rewritten for this long (every SAMPLE_S while its worker runs) is a dead
-worker's: its open rows are lost work, not progress."""
+"""A record not rewritten for this long, or three of its worker's heartbeats if that is
+longer (``beat_s``), is a dead worker's: its open rows are lost work, not progress."""
 LEAD_S = 300.0
 """How often a worker that does not write the summary tries to take the lock to write it."""
+
+
+def _silent(record: dict) -> float:
+    """Seconds without a rewrite after which a record is a dead worker's (``SILENT_S``)."""
+    return max(SILENT_S, 3 * record.get("beat_s", 0.0))
 
 
 def _clock(seconds: float | None) -> str:
@@ -123,13 +128,11 @@ class LiveProgress:
         self._thread.start()
 
     def _loop(self) -> None:
-        wrote = logged = read = time.monotonic()
+        looked = logged = read = time.monotonic()
         while not self._stop.wait(REFRESH_S):
             now = time.monotonic()
-            if now - wrote >= SAMPLE_S:
-                wrote = now
-                if self.log is not None:
-                    self.log.write()
+            if now - looked >= SAMPLE_S:
+                looked = now
                 # A log line shows the others every log_every (the summary is written as
                 # often), a bar every SAMPLE_S.
                 if self.mode != "log" or now - read >= self.log_every:
@@ -152,7 +155,7 @@ class LiveProgress:
             return
         others = read_records(self.out, skip=self.me)
         wall = time.time()
-        live = {r["worker"] for r in others if not r["ended"] and wall - r["time"] < SILENT_S}
+        live = {r["worker"] for r in others if not r["ended"] and wall - r["time"] < _silent(r)}
         self._others, self._summed = add_up(others, self.rows_total, live=live), False
         if self.log is not None:
             mine = self.log.snapshot()
@@ -168,8 +171,11 @@ class LiveProgress:
             return True
         if time.monotonic() - self._tried >= LEAD_S:
             self._tried = time.monotonic()
-            self.out.progress_dir.mkdir(parents=True, exist_ok=True)
-            self._leading = self.lead.try_acquire()
+            try:
+                self._leading = self.lead.try_acquire()
+            except FileNotFoundError:  # no progress/ yet: made then, not at every attempt
+                self.out.progress_dir.mkdir(parents=True, exist_ok=True)
+                self._leading = self.lead.try_acquire()
         return self._leading
 
     def refresh(self) -> RunTotals:

@@ -3,10 +3,12 @@
 Counting committed parts costs a directory listing and a footer per part (O(units)); a live
 progress display that refreshes every second, or ``status`` in a cron job, should not pay that.
 So every worker invocation keeps running counters (rows, error rows, output tokens, acceptance
-per domain) and rewrites them to ``progress/<worker>.json`` at each commit and every few
-seconds, with the rows finished in the units it has open and a short history of samples for
-rates over the last minutes. Records stay after their worker ends: the sum over all records is
-the run's progress, at O(workers × domains) per read. Parts committed without a record (by
+per domain) and rewrites them, with the rows finished in the units it has open and a short
+history of samples for rates over the last minutes, at each commit and every heartbeat: the
+record is its heartbeat record, ``leases/<worker>.progress.json`` (``Leases.beat``; one
+periodic write per worker, not two). When the worker ends (or a taker finds it dead) the
+record moves to ``progress/<worker>.json`` and stays: the sum over all records, live and kept,
+is the run's progress, at O(workers × domains) per read. Parts committed without a record (by
 an older version, or by a worker killed between its commit and its record) are counted once at
 a worker's start from the listing it makes anyway (``legacy`` in ``RunTotals``).
 
@@ -25,10 +27,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchspec.io.layout import OutDir, temp_name
 from batchspec.units import UnitRequests, UnitResult
+
+if TYPE_CHECKING:
+    from batchspec.work.leases import Leases
 
 RECORD_VERSION = 1
 SAMPLE_S = 10.0
@@ -45,11 +50,18 @@ def _domain_entry(domain: str | None) -> dict[str, Any]:
 
 class ProgressLog:
     """This worker invocation's counters and its record file; thread-safe (the worker's loop
-    commits, a display thread reads, both write the record)."""
+    commits, a display thread reads, the heartbeat writes the record).
 
-    def __init__(self, out: OutDir, worker: str, run_id: str):
+    With ``leases`` the record is their heartbeat record (``Leases.beat`` writes it, at each
+    beat and at each commit); without (tests, tools), ``write`` puts it in ``progress/``.
+    Either way ``end`` writes the final record to ``progress/<worker>.json``."""
+
+    def __init__(self, out: OutDir, worker: str, run_id: str, leases: Leases | None = None):
         self.out = out
         self.path = out.progress_record(worker)
+        self._leases = leases
+        if leases is not None:
+            leases.record = self.snapshot
         self._lock = threading.Lock()
         now = time.time()
         self.data: dict[str, Any] = {
@@ -73,7 +85,6 @@ class ProgressLog:
         self._open: Callable[[], list[UnitRequests]] = list
         self._k: int | None = None
         self._sampled = 0.0
-        self._made = False
 
     def watch(self, open_units: Callable[[], list[UnitRequests]], k: int) -> None:
         """Where the units in flight are (the engine's source), and the engine's K."""
@@ -136,34 +147,55 @@ class ProgressLog:
             return json.loads(json.dumps(d))
 
     def write(self) -> dict[str, Any]:
-        """Rewrite the record (atomically: readers never see half of it); returns it."""
+        """Rewrite the record (atomically: readers never see half of it); returns it. With
+        leases, a beat: it carries their heartbeat too."""
+        if self._leases is not None and self._leases.record is not None:
+            data = self._leases.beat()  # None once they stopped: ``end`` writes the last one
+            return data if data is not None else self.snapshot()
         data = self.snapshot()
-        if not self._made:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._made = True
-        tmp = temp_name(self.path)
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.path)
+        self._write_kept(data)
         return data
 
+    def _write_kept(self, data: dict[str, Any]) -> None:
+        """The record in ``progress/`` (its directory made only when missing, not per write)."""
+        tmp = temp_name(self.path)
+        try:
+            tmp.write_text(json.dumps(data))
+        except FileNotFoundError:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)
+
     def end(self) -> dict[str, Any]:
+        """The final record, kept in ``progress/``; the heartbeat no longer carries it (the
+        leases' record, if they still beat, is removed when they stop)."""
         with self._lock:
             self.data["ended"] = True
             self._open = list
-        return self.write()
+        if self._leases is not None:
+            self._leases.record = None
+        data = self.snapshot()
+        self._write_kept(data)
+        return data
 
 
 def read_records(out: OutDir, skip: str | None = None) -> list[dict[str, Any]]:
-    """Every worker invocation's progress record (but ``skip``'s), unreadable ones left out."""
-    found = []
-    for path in out.progress_records():
+    """Every worker invocation's progress record (but ``skip``'s): the running workers' in
+    ``leases/``, the others' in ``progress/``; one per worker (the latest, should a record
+    move between the two listings); unreadable ones, and bare heartbeats of older versions,
+    left out."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in [*out.progress_files(), *out.progress_records()]:
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
-            continue  # replaced under us: read next time
-        if data.get("version") == RECORD_VERSION and data.get("worker") != skip:
-            found.append(data)
-    return found
+            continue  # replaced or moved under us: read next time
+        worker = data.get("worker")
+        if data.get("version") != RECORD_VERSION or worker == skip:
+            continue
+        if worker not in found or data["time"] > found[worker]["time"]:
+            found[worker] = data
+    return list(found.values())
 
 
 def _value_at(record: dict[str, Any], when: float, index: int) -> float:

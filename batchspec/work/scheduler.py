@@ -143,6 +143,19 @@ class Scheduler:
         self.policy.taken(domain, explored=False)
         return self._pop(domain, plan[domain])
 
+    def take(self, unit_id: str) -> WorkUnit | None:
+        """Take one unit out of the plan, wherever it is (a dead worker's unit this worker
+        takes over: O(units), once per takeover); None if it is not in the plan."""
+        for domain, queue in self._queues.items():
+            for item in queue:
+                if item[1].unit_id == unit_id:
+                    queue.remove(item)
+                    self.rows[domain] -= item[1].num_rows
+                    if not queue:
+                        del self._queues[domain], self.rows[domain]
+                    return item[1]
+        return None
+
     def unit_k(self, unit: WorkUnit) -> int | None:
         """The K the plan gave ``unit`` when it was taken (None if unknown): what an engine
         that takes K per unit decodes its rows at."""

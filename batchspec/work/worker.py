@@ -76,7 +76,7 @@ class Worker:
         self.tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
         self.reader = pre.reader
         self._source: ClaimingSource | None = None
-        self.record = ProgressLog(self.out, name, stats.run_id)
+        self.record = ProgressLog(self.out, name, stats.run_id, self.leases)  # one record
         self.replays = Replays(spec)
         # Units the policy took only to explore, up to the last engine record: a probe is
         # taken before its engine starts, so each record counts from the previous one.
