@@ -256,17 +256,21 @@ def test_a_dead_workers_units_ahead_of_every_walk_are_taken_over_by_its_watcher(
     out = OutDir(tmp_path)
     plan = [result(4 * i).unit for i in range(4)]
     dead = worker(out, "b-dead", timeout_s=0.3, beat_s=0.1)._leases
-    dead.progress = lambda: {plan[0].unit_id: 1, plan[1].unit_id: 0}
-    assert dead.try_claim(plan[0].unit_id) and dead.try_claim(plan[1].unit_id)
-    dead.beat()  # its last beat: then it is killed
+    dead.progress = lambda: {plan[0].unit_id: 1}
+    assert dead.try_claim(plan[0].unit_id)
+    dead.beat()  # its last beat: then it is killed, and so is the next one (one node)
+    also = worker(out, "c-dead", timeout_s=0.3, beat_s=0.1)._leases
+    also.progress = lambda: {plan[1].unit_id: 0}
+    assert also.try_claim(plan[1].unit_id)
+    also.beat()
     me = Leases(out, "a-watcher", 0.3, 0.1)
     me.beat()
     claims = Claims(out, me, FailureLog(out, "run"), set())
     walk = Walk(plan[2:] + plan[:2])  # its units at the end of our walk
     assert claims.next(walk, 0) == plan[2]  # alive yet: nothing to take over
-    assert me.ring == ["a-watcher", "b-dead"]
+    assert me.ring == ["a-watcher", "b-dead", "c-dead"]
     time.sleep(0.5)
     me.beat()
     assert {claims.next(walk, 0).unit_id for _ in range(2)} == {u.unit_id for u in plan[:2]}
-    assert not out.progress("b-dead").exists() and out.progress_record("b-dead").exists()
+    assert not out.progress("b-dead").exists() and out.progress_record("c-dead").exists()
     assert claims.next(walk, 0) == plan[3]

@@ -7,8 +7,9 @@ the fleet simulator at 32 units per worker, 600-1,000 s after the kill against a
 ~350). So every worker also watches one other: the next one by name among the workers with a
 record in leases/ (the last watches the first), one stat of its record every ``WATCH_S``.
 Once that record is older than the lease timeout, the watcher takes its units over (the
-record lists them), retires the record, and watches the next one. One stat per worker per
-``WATCH_S``, whatever the fleet's size; a chain of dead workers is walked one per look.
+record lists them), retires the record, and looks at the next one at once: a node that dies
+takes all its workers, whose names (host first) sort together. One stat per worker per
+``WATCH_S`` while the one it watches lives, whatever the fleet's size.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from batchspec.work.leases import Leases
 
 WATCH_S = 30.0
 """How often a worker looks at the record of the worker it watches."""
+MAX_DEAD = 64
+"""Records looked at in one look at most (dead or gone ones, then the live one)."""
 
 
 class Watch:
@@ -38,13 +41,16 @@ class Watch:
             return found
         self._at = time.monotonic()
         me = leases.me.worker
-        other = ring[(ring.index(me) + 1) % len(ring)] if me in ring else ring[0]
-        try:
-            if time.time() - leases.out.progress(other).stat().st_mtime <= leases.timeout_s:
-                return found
-        except FileNotFoundError:
-            pass  # it ended, or another took its units over: watch the next one
-        else:
-            found += leases.retire(other)
-        ring.remove(other)
+        for _ in range(MAX_DEAD):
+            if len(ring) < 2:
+                break
+            other = ring[(ring.index(me) + 1) % len(ring)] if me in ring else ring[0]
+            try:
+                if time.time() - leases.out.progress(other).stat().st_mtime <= leases.timeout_s:
+                    break
+            except FileNotFoundError:
+                pass  # it ended, or another took its units over: the next one
+            else:
+                found += leases.retire(other)
+            ring.remove(other)
         return found
