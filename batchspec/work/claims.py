@@ -136,15 +136,15 @@ class Claims:
         only the units whose leases could be stale by now are looked at (those gone from
         leases/, mostly committed, wait for the end of the walk, when its listings know).
 
-        A unit only seen held in a listing is tried (to learn its lease's age) by workers
-        that walk or linger, not by those about to leave: at a fleet's end every worker has
-        passed the units others are finishing, and a try of each was a conflict per worker
-        and unit (~8 per worker at 256 workers, more than a unit's own claim); the lingerers
-        take a dead holder's units over, as they would after the others left."""
+        A unit only seen held in a listing is tried (to learn its lease's age) by the
+        workers that linger only: at a fleet's end every worker has passed the units others
+        are finishing, and a try of each was a conflict per worker and unit (~8 per worker at
+        256 workers, more than a unit's own claim); a dead holder's units are taken over by
+        its watcher (``Watch``), or by the lingerers at the end."""
         now = time.monotonic()
         if not walking:
             self._revisited = now
-        takes_over = walking or self.lingers()
+        takes_over = self.lingers()
         for _ in range(len(self.deferred)):
             unit = self.deferred.popleft()
             uid = unit.unit_id
