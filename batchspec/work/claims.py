@@ -136,15 +136,16 @@ class Claims:
         only the units whose leases could be stale by now are looked at (those gone from
         leases/, mostly committed, wait for the end of the walk, when its listings know).
 
-        A unit only seen held in a listing is tried (to learn its lease's age) by the
-        workers that linger only: at a fleet's end every worker has passed the units others
-        are finishing, and a try of each was a conflict per worker and unit (~8 per worker at
-        256 workers, more than a unit's own claim); a dead holder's units are taken over by
-        its watcher (``Watch``), or by the lingerers at the end."""
+        A unit only seen held in a listing is tried (to learn its lease's age) by workers
+        that walk or linger, not by those about to leave: at a fleet's end every worker has
+        passed the units others are finishing, and a try of each was a conflict per worker
+        and unit (~8 per worker at 256 workers, more than a unit's own claim). Walkers' tries
+        spread a dead holder's units over many takers; its watcher (``Watch``) alone takes
+        them one per pull (at 1,000 workers, 15 dead: 1,109 s after the kill, against 543)."""
         now = time.monotonic()
         if not walking:
             self._revisited = now
-        takes_over = self.lingers()
+        takes_over = walking or self.lingers()
         for _ in range(len(self.deferred)):
             unit = self.deferred.popleft()
             uid = unit.unit_id
