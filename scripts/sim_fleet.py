@@ -234,9 +234,16 @@ HEADER = (
 )
 
 
+TABLE = {16: (20.0, 4), 64: (20.0, 4), 256: (10.0, 4), 1000: (5.0, 8)}
+"""``--table``'s speed and processes per fleet size, as docs/fleet.md's rows were measured
+(a 2-core machine: 256 workers at 35x, or 1,000 in 4 processes, did not keep up)."""
+
+
 def config(args: argparse.Namespace, workers: int, out: Path) -> dict:
-    """A fleet's settings; ``--speed 0`` picks a speed that keeps commits near 150/s here."""
-    speed = args.speed or min(60.0, max(4.0, 150 * args.unit_s / (workers * args.depth)))
+    """A fleet's settings; ``--speed 0`` picks a speed that keeps commits near 40/s here (the
+    table's sizes: ``TABLE``)."""
+    speed, procs = TABLE.get(workers, (0.0, args.procs)) if args.table else (0.0, args.procs)
+    speed = args.speed or speed or min(60.0, max(4.0, 40 * args.unit_s / (workers * args.depth)))
     return {
         "out": str(out),
         "workers": workers,
@@ -247,7 +254,7 @@ def config(args: argparse.Namespace, workers: int, out: Path) -> dict:
         "speed": speed,
         "kills": args.kills if args.kills >= 0 else max(1, workers // 64),
         "kill_after_s": args.unit_s * args.units_per_worker / (2 * args.depth),
-        "procs": args.procs,
+        "procs": procs,
         "max_s": args.max_s,
         "heartbeat_s": 20.0,
         "lease_timeout_s": 300.0,

@@ -5,14 +5,12 @@ filesystems and NFSv3+), and removes it once the unit's part is committed or giv
 heartbeat is one record per worker, ``leases/<worker>.progress.json``, rewritten every
 ``heartbeat_s`` (and at each commit, which counts as a beat): one write per beat however many
 units it holds, not a touch of every lease. The same record is the worker's progress record
-(``work.progress``: counters, rows finished per unit it holds), so a running worker pays one
-periodic write, not two: on a shared filesystem's metadata server the periodic records were
-the largest cost per unit left (docs/fleet.md). A lease is stale, and may be taken over, when
-neither it nor its holder's record changed for longer than the timeout, or at once when its
-holder ran on this host and that process is gone (a local rerun after kill -9 need not wait
-out the timeout). When a worker stops, and when another takes a dead holder's lease over, the
-record moves to ``progress/`` (kept: its counters stay in the run's sums), so that the records
-left in ``leases/`` count the live workers (``live_workers``: one listing, no file read).
+(``work.progress``): one periodic write per worker, not two (docs/fleet.md). A lease is
+stale, and may be taken over, when neither it nor its holder's record changed for longer than
+the timeout, or at once when its holder ran on this host and that process is gone (a local
+rerun after kill -9 need not wait out the timeout). When a worker stops, or another takes a
+dead holder's lease over, the record moves to ``progress/`` (kept: its counts stay in the
+sums), so the records left in ``leases/`` count the live workers (one listing, no read).
 
 Leases keep workers from doing the same work; they are not what makes output exactly-once.
 That is the part commit (link to the final name, first wins), so the rare race in which two
@@ -237,10 +235,8 @@ class Leases(LeaseDir):
         return self._create(unit_id)
 
     def retire(self, worker: str) -> list[str]:
-        """Move a dead worker's record to ``progress/``, where its counters stay in the run's
-        sums; a bare heartbeat (an older batchspec's, which keeps its progress record there
-        already) is removed instead. Returns the units it held. Once per dead worker: one
-        read more is cheap."""
+        """Move a dead worker's record to ``progress/``, where its counts stay in the sums (a
+        bare heartbeat of an older batchspec is removed); returns the units it held."""
         path = self.out.progress(worker)
         try:
             record = json.loads(path.read_bytes())
