@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,17 +175,23 @@ def job_file(tmp_path: Path):
 
 
 def signal_group(
-    args: list[str], out: Path, signals: list[int], env: dict[str, str] | None = None
+    args: list[str],
+    out: Path,
+    signals: list[int],
+    env: dict[str, str] | None = None,
+    until: Callable[[int], bool] | None = None,
 ) -> tuple[subprocess.CompletedProcess, float]:
     """Run ``batchspec run ARGS`` in a process group of its own (as a shell job is), wait for
-    its next commit (or, with a hang injected, for its engine to have units in flight), then
-    send ``signals`` to the whole group, 1.5 s apart. Returns the finished process and the
-    seconds from the last signal to its exit."""
+    its next commit (or, with a hang injected, for its engine to have units in flight; or
+    until ``until(pid)`` holds), then send ``signals`` to the whole group, 1.5 s apart.
+    Returns the finished process and the seconds from the last signal to its exit."""
 
     t0 = time.time()
     parts = len(list((out / "parts").glob("*.parquet")))
 
     def started() -> bool:
+        if until is not None:
+            return until(proc.pid)
         if "BATCHSPEC_INJECT_ENGINE_HANG" not in (env or {}):
             return len(list((out / "parts").glob("*.parquet"))) > parts
         # Hung: wait for its engine to be up, with units in flight (its progress record).

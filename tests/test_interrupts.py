@@ -1,13 +1,14 @@
 """Interrupted runs on real vLLM: kill -9 of the worker alone at random points (its engine's
 processes must die with it), then SIGTERM to the group (graceful), then two SIGINTs (quit at
 once), then a rerun: every row exactly once, no lease left behind, no process outliving its
-worker.
+worker. And a SIGTERM while the engine starts, which ends the start.
 
 One output directory serves both kinds of interruption: each costs an engine start (~20 s here).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from conftest import ROOT, run_cli, run_logs, signal_group
 from support.runs import check_output, committed, resume_job
@@ -23,6 +25,10 @@ pytestmark = pytest.mark.engine
 
 GRACE_S = 20
 """Time to finish the units in flight: a few seconds here; a generous bound, never waited out."""
+START_STOP_S = 15
+"""Time to stop a run whose engine is starting: the start's poll period (0.5 s) and the clean-up
+after it; 2.9-5.9 s here beside busy loops or at a load average of several hundred, 8.4 s at
+the worst (12.5 s beside busy loops with vLLM's own period of 10 s)."""
 
 
 def kill_trials(job: Path, trials: int, seed: int) -> list[dict[str, Any]]:
@@ -37,13 +43,10 @@ def kill_trials(job: Path, trials: int, seed: int) -> list[dict[str, Any]]:
 
 
 def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full: bool) -> None:
-    """Runs with ``--full`` for now: in three clean-clone CI runs of 2026-12-01 it failed three
-    different ways under two engines per core (an orphaned engine core at a start-up kill,
-    fixed in ``engines/procs.py``; a stale-lease assertion the fleet work made wrong, fixed;
-    and a SIGTERM run that took 67 s to stop against a 20 s bound, not yet understood). The
-    mechanism is tested by default in ``test_orphans``."""
-    if not full:
-        pytest.skip("flaky under CI load (see the docstring): runs with --full")
+    """The whole sequence, on one output directory. Its group SIGTERM once took 67 s to stop
+    in CI against the 20 s bound (under two engines per core): the engine core deadlocked in
+    vLLM's own SIGTERM handler, run a second time inside the first, and was killed after
+    ``CLOSE_S``; closing now runs that handler once (``engines.procs._on_close_signal``)."""
     # Every kill costs an engine start: two in the default suite, ten with --full. Seeds
     # picked so that both kinds of kill occur: 21 gives startup (10.7 s, the engine half up),
     # then generating.
@@ -70,9 +73,13 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full
     grace = ["--set", f"execution.shutdown_grace_s={GRACE_S}"]
     term, seconds = signal_group([str(job), *grace], out, [signal.SIGTERM])
     assert term.returncode == 0, term.stderr[-3000:]
-    assert seconds < GRACE_S, "the units in flight should finish well within the grace time"
-    assert "stopped by signal" in term.stdout and "finishing the units in flight" in term.stderr
     log = run_logs(out)[-1]
+    # The units in flight finish well within the grace time, and the engine closes: 4.5-12 s
+    # here beside busy loops, 17 s at a load average of 600 (its close 12.9 s of that). The
+    # bound is on the whole stop, the close included.
+    timing = {key: log[key] for key in ("generate_s", "engine_close_s", "wall_s")}
+    assert seconds < GRACE_S, f"{seconds:.1f} s to stop: {timing}"
+    assert "stopped by signal" in term.stdout and "finishing the units in flight" in term.stderr
     assert log["units_abandoned"] == 0 and log["engine_failures"] == 0, log
     assert set((out / "leases").glob("*.lease")) <= dead_leases
     assert set((out / "leases").glob("*.progress.json")) <= killed
@@ -97,8 +104,29 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full
     text = (out / "runs" / f"{run_logs(out)[-1]['worker']}.log").read_text()
     for noise in ("force killing", "leaked semaphore", "leaked shared_memory"):
         assert noise not in text, f"rerun's log: {noise}"
-    # The SIGTERM run's engine too was closed, not killed. (Once, in a CI run with two
-    # engines per core, its resource tracker still reported a semaphore and two shared-memory
-    # segments after a close of 0.46 s; not reproduced since, cause unknown: see
-    # engines/procs.py. Only the kill is asserted there.)
+    # The SIGTERM run's engine too was closed, not killed (killed, it leaves a semaphore and
+    # two shared-memory segments to its resource tracker: what the deadlock above left).
     assert "force killing" not in (out / "runs" / f"{log['worker']}.log").read_text()
+
+
+def test_a_stop_during_the_engine_start_ends_the_start(tmp_path: Path) -> None:
+    """SIGTERM to the group while the engine starts (its engine core up, loading the model):
+    nothing is in flight, so the run ends without waiting for the start (~20 s here, minutes
+    under load), its start's processes killed, its claim handed back, nothing committed."""
+    job, _ = resume_job(tmp_path, rows=8, unit_rows=4, max_tokens=16)
+    out = tmp_path / "out"
+
+    def engine_core_up(pid: int) -> bool:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children(recursive=True):
+                if " ".join(child.cmdline()).startswith("VLLM::EngineCore"):
+                    return True
+        return False
+
+    term, seconds = signal_group([str(job)], out, [signal.SIGTERM], until=engine_core_up)
+    assert term.returncode == 0, term.stderr[-3000:]
+    assert seconds < START_STOP_S, f"{seconds:.1f} s to stop a start"
+    assert "stopped by signal" in term.stdout
+    log = run_logs(out)[-1]
+    assert log["engine_builds"] == 0 and log["units_abandoned"] == 0, log
+    assert committed(out) == 0 and not list((out / "leases").glob("*.lease"))

@@ -83,7 +83,8 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None:
-        """Stop the engine and free its memory before another one starts."""
+        """Stop the engine and free its memory before another one starts. A second call does
+        nothing (a worker whose new engine's start failed still holds the closed one)."""
 
 
 class EngineFailure(RuntimeError):

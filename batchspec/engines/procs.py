@@ -9,12 +9,14 @@ handlers): the worker alone decides when its engine stops, and still kills it ou
 (SIGKILL, which cannot be blocked) when it must.
 
 Two ends of an engine's life follow from that. Closing: the worker sends ``CLOSE_SIGNAL``,
-on which an engine process unblocks SIGINT and SIGTERM, so that vLLM's own shutdown (SIGTERM,
-then its handler: the busy loop ends, the executor's workers and shared memory are released)
-runs instead of a kill after its grace period. Dying: an engine process dies with the process
-that started it (``PR_SET_PDEATHSIG``), since a worker killed outright (the OOM killer, ``kill
--9``) can stop nothing, and its engine would poll on, holding the GPU's memory, with SIGTERM
-blocked. ``vllm_fixes.register`` arms both in every engine process of a worker's engine.
+on which the engine core runs vLLM's own shutdown (the handler vLLM installed for SIGTERM: the
+busy loop ends, the executor's workers and shared memory are released) instead of being killed
+after its grace period; SIGINT and SIGTERM stay blocked to the end. Dying: an engine process
+dies with the process that started it (``PR_SET_PDEATHSIG``), since a worker killed outright
+(the OOM killer, ``kill -9``) can stop nothing, and its engine would poll on, holding the GPU's
+memory, with SIGTERM blocked. ``vllm_fixes.register`` arms both in every engine process of a
+worker's engine. And a start: a stop signal while an engine starts ends the start at once
+(``abortable_start``): nothing is in flight in an engine that is not up yet.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import psutil
@@ -86,6 +88,71 @@ def kill_tree(procs: list[psutil.Process]) -> None:
     for proc in victims:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGKILL)
+
+
+class StartAborted(BaseException):
+    """An engine's start ended by a stop signal (``abort_start``). A BaseException, as
+    KeyboardInterrupt is: the start's own error handling (``except Exception``) lets it by."""
+
+
+_starting: set[int] | None = None
+"""While an engine starts (``abortable_start``): the pids of the children this process had
+before; the others are the start's."""
+
+
+@contextlib.contextmanager
+def abortable_start(stopped: Callable[[], bool]) -> Iterator[None]:
+    """Inside, an engine starts in the main thread. A stop signal meanwhile ends the start
+    (``abort_start``), and so does ``stopped()`` true on entry (a stop just before).
+
+    An engine that is starting has nothing in flight, so a stop has nothing to wait for; yet
+    the start ran to its end (17 s here, over a minute under load, more for a large model)
+    before the worker saw the stop and closed the engine unused. Only the main thread can be
+    interrupted this way (it runs Python's signal handlers); elsewhere (tests, benchmarks)
+    the start runs to its end.
+    """
+    global _starting
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _starting = {p.pid for p in psutil.Process().children()}
+    try:
+        if stopped():
+            abort_start()
+        yield
+    finally:
+        _starting = None
+
+
+def abort_start() -> None:
+    """From a stop signal's handler (so in the main thread): if an engine is starting, kill
+    the processes it started and raise ``StartAborted`` wherever the start is.
+
+    The handler runs when the main thread next runs Python code: at once in Python code,
+    within a poll period while vLLM waits for its engine core's handshake (the stop signals
+    are blocked in the main thread then, so nothing interrupts that wait: ``VllmEngine``
+    shortens the period from 10 s to ``STARTUP_POLL_MS``). Killing first lets vLLM's clean-up
+    on the way out find its processes gone instead of waiting for them. Killing alone (from
+    another thread, say) would not do: vLLM's calls to its engine core after the handshake
+    (``get_supported_tasks``) wait for the reply without a timeout."""
+    global _starting
+    before, _starting = _starting, None
+    if before is None:
+        return
+    kill_children(spare=before)
+    raise StartAborted
+
+
+def kill_children(spare: set[int] | None = None) -> None:
+    """SIGKILL this process's children and theirs, but those in ``spare`` and
+    multiprocessing's resource tracker: the tracker is what removes the shared memory and
+    semaphores the killed processes registered, once they are gone (killed with them, it
+    left a semaphore and 420 MB in /dev/shm at each quit of the test job)."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    spare = (spare or set()) | {tracker}
+    kill_tree([p for p in psutil.Process().children() if p.pid not in spare])
 
 
 def die_with_parent(parent: int) -> None:
@@ -174,22 +241,34 @@ _closing = False
 """Whether this engine process was asked to close (``CLOSE_SIGNAL``)."""
 
 
-def _on_close_signal(_signum: int, _frame: FrameType | None) -> None:
-    """``CLOSE_SIGNAL``'s handler. In the engine core: a SIGTERM pending (a stop signal to the
-    whole group, or the one of vLLM's shutdown, which the worker sends right after this
-    request) now reaches vLLM's handler, which only records the request and wakes the loop;
-    the request goes on to its own processes, the model's workers. Those only take note: the
-    engine core's shutdown stops them through their pipes, and a pending SIGTERM let through
-    there would end one in the middle of that, leaking its shared memory (seen here once).
+def _on_close_signal(_signum: int, frame: FrameType | None) -> None:
+    """``CLOSE_SIGNAL``'s handler. In the engine core: run vLLM's SIGTERM handler, once (it
+    records the request and wakes the busy loop, which then shuts the engine down), and pass
+    the request on to its own processes, the model's workers. Those only take note: the engine
+    core's shutdown stops them through their pipes, and a SIGTERM let through there would end
+    one in the middle of that, leaking its shared memory (seen here once).
 
-    (Once, in a CI run with two engines per core, a close after a group SIGTERM left a
-    semaphore and two shared-memory segments in the resource tracker's count, with no kill
-    logged; not reproduced in three runs under load since, the cause is not known.)"""
+    SIGINT and SIGTERM stay blocked: what is pending (a stop signal to the whole group) and
+    what follows (the SIGTERM of vLLM's shutdown, which the worker sends right after this
+    request) is never delivered. vLLM 0.32's handler is not reentrant: it sets a
+    ``threading.Event``, and a second SIGTERM handled while the first was inside ``set``
+    deadlocked the engine core on the event's lock (its stacks, taken under load: the
+    handler inside ``Event.set`` inside the handler). Letting the stop signals through here,
+    as this did before, delivered the pending one and then vLLM's own, often back to back:
+    the engine never exited, and its worker waited ``CLOSE_S`` (60 s) to kill it (a group
+    SIGTERM that took 67 s to stop a run in CI; leaked shared memory after such kills)."""
     global _closing
+    if _closing:  # asked again: the shutdown is under way
+        return
     _closing = True
-    if _engine_core:
+    if not _engine_core:
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler):
+        handler(signal.SIGTERM, frame)
+    else:  # vLLM's handler not installed (cannot happen once it is up): the default kill
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        ask_to_close(psutil.Process().children())
+    ask_to_close(psutil.Process().children())
 
 
 def _leave_to_exit() -> None:

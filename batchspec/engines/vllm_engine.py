@@ -37,12 +37,19 @@ from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, Unit
 
 CLOSE_S = 60.0
 """Seconds vLLM waits for the engine's processes to exit before it kills them: a clean exit
-took 0.4-2.1 s on a quiet 2-core machine, but more than 15 s with two engines per core (the
-suite under load: killed, it left shared memory behind); the wait ends as soon as they are
-gone, and a kill is for an engine that hangs."""
+took 0.4-2.1 s on a quiet 2-core machine, 1.5-4.5 s under heavy load beside it; the wait
+ends as soon as they are gone, and a kill is for an engine that hangs. (Closes of more than
+15 s under load, killed with a semaphore and shared memory left behind, then this whole minute
+in CI, were an engine core deadlocked in vLLM's SIGTERM handler run twice, reproduced here;
+``procs._on_close_signal`` runs it once.)"""
 KILL_S = 0.5
 """The same for processes that cannot exit cleanly (batchspec's plugin not loaded in them:
 ``VLLM_PLUGINS`` without it), which SIGTERM does not reach."""
+STARTUP_POLL_MS = 500
+"""How often vLLM's start wakes while it waits for its engine core's handshake (its own
+period: 10 s). The worker's stop handler runs only when its main thread wakes, and a stop
+during a start ends the start (``procs.abort_start``): with vLLM's period, 12.5 s to stop a
+start under load, most of it asleep in that wait."""
 
 
 def _row_result(req: RowRequest, out: Any) -> RowResult:
@@ -146,6 +153,9 @@ class VllmEngine:
 
     def __init__(self, spec: JobSpec, k: int, logprobs: int | None = None):
         from vllm import LLM
+        from vllm.v1.engine import utils as engine_utils
+
+        engine_utils.STARTUP_POLL_PERIOD_MS = STARTUP_POLL_MS  # read at each wait
 
         self.spec = spec
         self.k = k
@@ -267,11 +277,13 @@ class VllmEngine:
     def close(self) -> None:
         """Stop the engine's processes and free its memory before another engine starts.
 
-        Its processes block SIGTERM (``engines.procs``): asked to close first, they let the
-        SIGTERM of vLLM's shutdown through, and exit cleanly (the executor's workers, shared
-        memory and semaphores released) instead of being killed after the grace period. A
-        dead engine's processes are gone already.
+        Its processes block SIGTERM (``engines.procs``): asked to close first, the engine core
+        runs vLLM's shutdown, and they exit cleanly (the executor's workers, shared memory and
+        semaphores released) instead of being killed after the grace period. A dead engine's
+        processes are gone already. Closed already: nothing to do.
         """
+        if not hasattr(self, "llm"):
+            return
         self._watchdog_stop.set()
         engine_core = getattr(self.engine, "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):

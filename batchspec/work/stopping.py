@@ -10,9 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-import psutil
-
-from batchspec.engines.procs import kill_tree
+from batchspec.engines.procs import StartAborted, abort_start, kill_children
 from batchspec.engines.quiet import terminal
 
 REPEAT_S = 1.0
@@ -24,9 +22,11 @@ class StopFlag:
     """Set by SIGTERM/SIGINT: stop claiming, finish or abandon in-flight units by a deadline.
 
     The engine's processes do not see these signals (``engines.procs``): it keeps running the
-    units in flight until the worker closes it. A second signal (a second Ctrl-C) quits at once:
-    the engine is killed, and the leases left behind are taken over by the next run at once
-    on this host (their holder is gone), or after the lease timeout elsewhere.
+    units in flight until the worker closes it. An engine that is still starting has none: its
+    start ends at once (``StartAborted`` out of the worker's ``open_engine``). A second signal
+    (a second Ctrl-C) quits at once: the engine is killed, and the leases left behind are
+    taken over by the next run at once on this host (their holder is gone), or after the
+    lease timeout elsewhere.
     """
 
     def __init__(self, grace_s: float):
@@ -50,14 +50,16 @@ class StopFlag:
                 file=terminal(),
                 flush=True,
             )
+            abort_start()  # an engine that is starting has nothing in flight: ended now
         elif now - self._first >= REPEAT_S:
             self.quit_now(signum)
 
     @staticmethod
     def quit_now(signum: int) -> None:
-        """Kill this process's children (the engine) and exit, skipping every cleanup."""
+        """Kill this process's children (the engine; not the resource tracker, which then
+        removes its shared memory: ``kill_children``) and exit, skipping every cleanup."""
         print("batchspec: second signal: quitting now", file=terminal(), flush=True)
-        kill_tree(psutil.Process().children())
+        kill_children()
         os._exit(128 + signum)
 
     @property
@@ -69,13 +71,16 @@ class StopFlag:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopFlag]:
-        """Handle SIGTERM/SIGINT while inside (main thread only; elsewhere a no-op)."""
+        """Handle SIGTERM/SIGINT while inside (main thread only; elsewhere a no-op). A start
+        that a stop ended (``StartAborted``) ends the inside as the stop would have."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
         old = {s: signal.signal(s, self.trip) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             yield self
+        except StartAborted:
+            pass
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)

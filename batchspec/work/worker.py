@@ -109,9 +109,10 @@ class Worker:
                         self._close(engine)
                         engine = None
                     engine = self._run_group(k, first, engine)
-        finally:
+        finally:  # (a stop that ended a start, StartAborted, ends here too: stop.installed)
             if engine is not None:
                 self._close(engine)
+            self.stats.units_abandoned += self._source.abandon_all() if self._source else 0
             self.leases.stop()
             self.leases.release_all()
             live.close()
@@ -219,7 +220,7 @@ class Worker:
     def _build(self, k: int) -> Engine:
         since = log_size()
         try:
-            engine = open_engine(self.spec, k)
+            engine = open_engine(self.spec, k, stopped=lambda: self.stop.stopping)
         except UserError:
             raise
         except Exception as exc:  # its cause is in the engine's output

@@ -331,8 +331,9 @@ class TreeEngine:
             yield UnitResult(entry.unit, list(entry.results), k, self._method(k), self.name)
 
     def close(self) -> None:
-        """Free the model and its cache before another engine starts."""
-        del self.model
+        """Free the model and its cache before another engine starts (once; again: nothing)."""
+        if hasattr(self, "model"):
+            del self.model
         gc.collect()
 
 

@@ -1,0 +1,122 @@
+"""How a stop signal reaches a worker's engine (``engines.procs``), without an engine: closing
+runs vLLM's shutdown handler in the engine core once, however many stop signals are pending or
+follow; a stop while an engine starts ends the start at once. The real engine's stops (a group
+SIGTERM while generating, and during a start) are in ``tests/test_interrupts.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+CLOSER = """
+import multiprocessing, os, signal, sys, threading, time
+import psutil
+from batchspec.engines.procs import (
+    CLOSE_SIGNAL, ENGINE_ENV, arm_engine_process, ask_to_close, stop_signals_blocked,
+)
+
+def engine_core():
+    # vLLM's handler as it is: it sets a threading.Event, so a second run of it nested in the
+    # first (a signal handled inside Event.set) can deadlock on the event's lock. This one
+    # takes its time, so that a second SIGTERM let through would land inside it.
+    runs, depth, done = [], [0], threading.Event()
+
+    def handler(signum, frame):
+        depth[0] += 1
+        runs.append(depth[0])
+        for _ in range(30):
+            time.sleep(0.01)
+        done.set()
+        depth[0] -= 1
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    arm_engine_process()
+    done.wait(10)
+    time.sleep(1.0)  # where a later SIGTERM would be handled
+    print("runs", runs, flush=True)
+
+if __name__ == "__main__":
+    os.environ[ENGINE_ENV] = str(os.getpid())  # as a worker does
+    with stop_signals_blocked():
+        child = multiprocessing.get_context("spawn").Process(target=engine_core)
+        child.start()
+    proc = psutil.Process(child.pid)
+    for _ in range(200):  # until it is armed
+        with open(f"/proc/{child.pid}/status") as fh:
+            caught = next(int(l.split()[1], 16) for l in fh if l.startswith("SigCgt:"))
+        if caught >> (CLOSE_SIGNAL - 1) & 1:
+            break
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGTERM)  # the stop signal to the whole group: pending there
+    time.sleep(0.2)
+    assert ask_to_close([proc])  # the worker closes its engine...
+    time.sleep(0.1)
+    os.kill(child.pid, signal.SIGTERM)  # ...and vLLM's shutdown follows with its SIGTERM
+    child.join(15)
+    print("exit", child.exitcode, flush=True)
+"""
+"""A stand-in worker and engine core: the engine's processes start with the stop signals
+blocked, and arm themselves as batchspec's plugin does in every engine process."""
+
+STARTER = """
+import multiprocessing, os, signal, threading, time
+from batchspec.engines.procs import StartAborted, abortable_start, stop_signals_blocked
+from batchspec.work.stopping import StopFlag
+
+def sleeper():
+    time.sleep(60)
+
+def send():
+    sent.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGTERM)
+
+if __name__ == "__main__":
+    try:
+        with abortable_start(lambda: True):  # a stop just before: no start
+            print("started after a stop", flush=True)
+    except StartAborted:
+        pass
+    stop, sent = StopFlag(20), []
+    threading.Timer(1.5, send).start()  # started before the block, as a worker's threads are
+    with stop.installed(), stop_signals_blocked():
+        try:
+            with abortable_start(lambda: stop.stopping):  # a start: a process, a long wait
+                child = multiprocessing.get_context("spawn").Process(target=sleeper)
+                child.start()
+                while not sent or time.monotonic() - sent[0] < 30:
+                    time.sleep(0.05)
+            print("the start ran to its end", flush=True)
+        except StartAborted:
+            child.join(5)
+            print("aborted", round(time.monotonic() - sent[0], 2), child.exitcode, flush=True)
+"""
+"""A stand-in start in a worker's main thread, and a stop signal 1.5 s into it (delivered
+to another thread: the main thread blocks it while the start's processes are spawned); first,
+a start after a stop."""
+
+
+def run_script(tmp_path: Path, text: str) -> str:
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_closing_runs_the_engines_shutdown_handler_once(tmp_path: Path) -> None:
+    # A group SIGTERM pending, then the close request, then vLLM's SIGTERM: one run of the
+    # handler (letting the stop signals through ran it twice, the second inside the first).
+    out = run_script(tmp_path, CLOSER)
+    assert "runs [1]" in out and "exit 0" in out, out
+
+
+def test_a_stop_ends_an_engine_start_at_once(tmp_path: Path) -> None:
+    out = run_script(tmp_path, STARTER)
+    assert out.startswith("aborted"), out
+    seconds, exitcode = float(out.split()[1]), int(out.split()[2])
+    assert seconds < 3.0 and exitcode == -9, out  # its process killed, not left to run
