@@ -42,22 +42,27 @@ BIAS = {"BATCHSPEC_INJECT_ACCEPT_ALL": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0
 TOLERANCE = 1e-4
 
 
-def balanced_input(tmp: Path, rows: int) -> Path:
-    """``rows`` prompts of the default set, as even over its domains as they go (the first
-    rows of each): chat alone, ``--limit``'s first rows, drafts little under penalties."""
+def balanced_input(tmp: Path, rows: int, domains: list[str] | None = None) -> Path:
+    """``rows`` prompts of the default set's ``domains`` (default: all), as even over them as
+    they go (the first rows of each): chat alone, ``--limit``'s first rows, drafts little
+    under penalties."""
     prompts = pl.read_parquet(ROOT / "jobs" / "data" / "prompts.parquet")
+    if domains:
+        prompts = prompts.filter(pl.col("domain").is_in(domains))
     ranked = prompts.with_columns(pl.int_range(pl.len()).over("domain").alias("_rank"))
     picked = ranked.sort("_rank", "domain").head(rows).drop("_rank")
-    path = tmp / "input.parquet"
+    path = tmp / ("input.parquet" if domains is None else "sampled.parquet")
     picked.write_parquet(path)
     return path
 
 
-def write_job(tmp: Path, engine: str, name: str, k: int | None, sampling: dict) -> Path:
+def write_job(
+    tmp: Path, engine: str, name: str, k: int | None, sampling: dict, data: str = "input"
+) -> Path:
     """The engine's shipped job with this check's sampling, K (None: the job's) and output."""
     base, spec = ENGINES[engine]
     job = yaml.safe_load((ROOT / "jobs" / base).read_text())
-    job["input"]["path"] = str(tmp / "input.parquet")
+    job["input"]["path"] = str(tmp / f"{data}.parquet")
     job["output"]["dir"] = str(tmp / name)
     job["model"]["dtype"] = "float32"
     job["speculative"].update(spec)
@@ -123,7 +128,15 @@ def verify(tmp: Path, engine: str, mode: str, planted: bool, args: argparse.Name
     """One ``batchspec verify``; the planted bias expects exit 1, the rest exit 0."""
     name = f"{engine}_verify_{mode}{'_planted' if planted else ''}"
     temperature = 0.0 if mode == "greedy" else 1.0
-    job = write_job(tmp, engine, name, None, {"temperature": temperature})
+    # Sampled: prompts that quote text, where n-gram drafts come within the tested tokens.
+    data = "input" if mode == "greedy" else "sampled"
+    job = write_job(tmp, engine, name, None, {"temperature": temperature}, data)
+    if mode == "sampled":
+        # vLLM's penalties apply to prompt tokens too, so a 2-token match with the prompt is
+        # rare within the first tokens: one token, as the tree job has it, drafts at all.
+        spec = yaml.safe_load(job.read_text())
+        spec["speculative"]["prompt_lookup_min"] = args.sampled_lookup_min
+        job.write_text(yaml.safe_dump(spec))
     rows = args.rows if mode == "greedy" else args.sampled_rows
     extra = ["--samples", str(args.samples), "--tokens", str(args.tokens)]
     extra += ["--set", f"sampling.max_tokens={args.max_tokens}"]
@@ -157,20 +170,35 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(ENGINES), help="one engine")
     ap.add_argument("--rows", type=int, default=12, help="prompts (x n=4 rows), all domains")
     ap.add_argument("--sampled-rows", type=int, default=3, help="prompts sampled by verify")
+    ap.add_argument(
+        "--sampled-domains",
+        default="translation,summarization,code",
+        help="domains verify samples (penalties keep n-gram drafts off the first tokens of "
+        "chat and math prompts: a planted bias there goes unseen)",
+    )
+    ap.add_argument(
+        "--sampled-lookup-min",
+        type=int,
+        default=1,
+        help="prompt_lookup_min of the sampled verify jobs (vLLM's job has 2)",
+    )
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--skip-verify", action="store_true")
+    ap.add_argument("--skip-rows", action="store_true")
+    ap.add_argument("--modes", default="greedy,sampled", help="verify's modes")
     args = ap.parse_args()
     print(f"sampling: {json.dumps(SAMPLING)}, float32, max_tokens {args.max_tokens}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         balanced_input(Path(tmp), args.rows)
+        balanced_input(Path(tmp), args.sampled_rows, args.sampled_domains.split(","))
         for engine in [args.only] if args.only else list(ENGINES):
-            for k_top in (1, 20):
+            for k_top in () if args.skip_rows else (1, 20):
                 print(compare_rows(Path(tmp), engine, k_top, args), flush=True)
             if args.skip_verify:
                 continue
-            for mode in ("greedy", "sampled"):
+            for mode in args.modes.split(","):
                 for planted in (False, True):
                     print(verify(Path(tmp), engine, mode, planted, args), flush=True)
 
