@@ -26,6 +26,8 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from batchspec.io.layout import OutDir
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = {
     "n": 4,
@@ -83,9 +85,8 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def rows_of(job: Path) -> pl.DataFrame:
-    out = Path(yaml.safe_load(job.read_text())["output"]["dir"])
-    frame = pl.read_parquet(sorted(out.glob("parts/**/*.parquet")))
-    return frame.sort("id", "sample_index")
+    out = OutDir(Path(yaml.safe_load(job.read_text())["output"]["dir"]))
+    return pl.read_parquet(out.part_files()).sort("id", "sample_index")
 
 
 def compare_rows(tmp: Path, engine: str, k_top: int, args: argparse.Namespace) -> str:
