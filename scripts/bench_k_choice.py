@@ -136,6 +136,8 @@ def bench_batch(
         f"output.unit_rows={args.unit_rows}",
         f"speculative.engine={args.engine}",
         f"speculative.k_grid={fixed}",
+        # vLLM drafts chains: the job's tree shape is the tree engine's alone.
+        *(["speculative.tree=null"] if args.engine == "vllm" else []),
     ]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     oracles: list[dict[str, int]] = []

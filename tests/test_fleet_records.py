@@ -248,7 +248,8 @@ def test_a_dead_workers_units_ahead_of_every_walk_are_taken_over_by_its_watcher(
 ) -> None:
     """A worker killed mid-run holds the head of its stretch, which no walk reaches until its
     end: the worker before it by name watches its record, and takes its units over once the
-    record is older than the lease timeout."""
+    record is older than the lease timeout (and, at once, those of the next one in the
+    ring, dead too)."""
     from batchspec.work import watch
     from batchspec.work.claims import Claims, FailureLog
 
@@ -268,9 +269,40 @@ def test_a_dead_workers_units_ahead_of_every_walk_are_taken_over_by_its_watcher(
     claims = Claims(out, me, FailureLog(out, "run"), set())
     walk = Walk(plan[2:] + plan[:2])  # its units at the end of our walk
     assert claims.next(walk, 0) == plan[2]  # alive yet: nothing to take over
-    assert me.ring == ["a-watcher", "b-dead", "c-dead"]
+    assert me.ring == ["c-dead", "a-watcher", "b-dead"]  # hash order: b-dead, then c-dead
     time.sleep(0.5)
     me.beat()
     assert {claims.next(walk, 0).unit_id for _ in range(2)} == {u.unit_id for u in plan[:2]}
     assert not out.progress("b-dead").exists() and out.progress_record("c-dead").exists()
     assert claims.next(walk, 0) == plan[3]
+
+
+def test_a_dead_nodes_workers_are_taken_over_by_watchers_of_their_own(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Two workers of one node die together. Their names sort together, but the watch ring is
+    in hash order (here live1-b, node1-gpu0, live1-a, node1-gpu1), so each live worker takes
+    over one dead worker's units, not one watcher both (which runs them one per pull)."""
+    from batchspec.work import watch
+    from batchspec.work.claims import Claims, FailureLog
+
+    monkeypatch.setattr(watch, "WATCH_S", 0.0)
+    out = OutDir(tmp_path)
+    plan = [result(4 * i).unit for i in range(6)]
+    for i, name in enumerate(["node1-gpu0", "node1-gpu1"]):
+        dead = worker(out, name, timeout_s=0.3, beat_s=0.1)._leases
+        dead.progress = lambda i=i: {plan[i].unit_id: 1}
+        assert dead.try_claim(plan[i].unit_id)
+        dead.beat()
+    live = {n: Leases(out, n, 0.3, 0.1) for n in ["live1-a", "live1-b"]}
+    claims = {n: Claims(out, le, FailureLog(out, "run"), set()) for n, le in live.items()}
+    walks = {"live1-a": Walk(plan[2:4] + plan[:2]), "live1-b": Walk(plan[4:] + plan[:2])}
+    for leases in live.values():
+        leases.beat()
+    for name in live:
+        assert claims[name].next(walks[name], 0) not in plan[:2]  # alive yet
+    time.sleep(0.5)
+    for leases in live.values():
+        leases.beat()
+    taken = {n: claims[n].next(walks[n], 0).unit_id for n in live}
+    assert taken == {"live1-b": plan[0].unit_id, "live1-a": plan[1].unit_id}

@@ -198,7 +198,7 @@ class Leases(LeaseDir):
         """The other units of dead holders whose leases we took over: ours to take over
         too (``work.watch``)."""
         self.ring: list[str] = []
-        """The workers with a record in leases/ at the last count, by name (``work.watch``)."""
+        """The workers with a record in leases/ at the last count (``work.watch`` orders it)."""
         self.held_age = 0.0
         """Heartbeat age of the live lease the last failed ``try_claim`` found: it cannot go
         stale for ``timeout_s`` minus that (when a claimant need not look again sooner)."""
