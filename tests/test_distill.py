@@ -27,7 +27,7 @@ from batchspec.engines.tree.engine import TreeEngine
 from batchspec.engines.tree.load import Target
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.shape import batch_layout
-from batchspec.measure.distill import Options, fit, measure_held_out, new_head
+from batchspec.measure.distill import Options, fit, measure_held_out, new_head, spread
 from batchspec.measure.distill_data import FeatureStore, Row
 from batchspec.measure.distill_train import depth_outputs, draft_vocab
 from batchspec.spec import JobSpec
@@ -241,3 +241,13 @@ def vllm_reads(head: Path) -> None:
     # Eagle3LlamaForCausalLM.load_weights: d2t -> draft_id_to_target_id, t2d skipped, the
     # rest under model. (lm_head as is); q/k/v and gate/up are stacked by their HF names.
     assert names == {*NAMES.values(), "d2t", "t2d"}
+
+
+def test_a_data_curves_training_rows_are_spread_over_the_domains() -> None:
+    """``--train-rows``: parts come domain by domain, so the first N rows would cover a few
+    domains; the rows taken go round-robin over them instead."""
+    rows = [
+        Row(f"{d}{i}", d, [1], [2]) for d, n in (("a", 3), ("b", 2), ("c", 1)) for i in range(n)
+    ]
+    assert [r.row_id for r in spread(rows, 4)] == ["a0", "b0", "c0", "a1"]
+    assert spread(rows, None) == rows and spread(rows, 9) == rows

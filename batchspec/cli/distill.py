@@ -29,6 +29,9 @@ from batchspec.cli.common import (
               help="The head's directory under OUT/drafts/.")  # fmt: skip
 @click.option("--rows", type=click.IntRange(min=1), default=None,
               help="Use at most N committed rows [default: all].")  # fmt: skip
+@click.option("--train-rows", type=click.IntRange(min=1), default=None,
+              help="Train on at most N of the rows not held out (the held-out rows stay the "
+                   "same: a curve of acceptance over data).")  # fmt: skip
 @click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.1,
               show_default=True,
               help="Fraction of rows held out to measure acceptance.")  # fmt: skip
@@ -45,6 +48,7 @@ def distill(
     output: str | None,
     name: str,
     rows: int | None,
+    train_rows: int | None,
     holdout: float,
     epochs: int,
     vocab: int,
@@ -59,7 +63,13 @@ def distill(
 
     spec = load_job(job, overrides, output)
     opts = Options(
-        name=name, rows=rows, holdout=holdout, epochs=epochs, vocab=vocab, minutes=minutes
+        name=name,
+        rows=rows,
+        train_rows=train_rows,
+        holdout=holdout,
+        epochs=epochs,
+        vocab=vocab,
+        minutes=minutes,
     )
     dest, record = run_distill(spec, opts, click.echo)
     click.echo(summary(record))

@@ -49,6 +49,9 @@ class Options:
 
     name: str = "eagle3"
     rows: int | None = None
+    train_rows: int | None = None
+    """Train on at most this many of the rows not held out; the held-out rows stay those of
+    ``rows`` (a data curve measures every point on the same held-out rows)."""
     holdout: float = 0.1
     epochs: int = 2
     vocab: int = 4096
@@ -67,6 +70,20 @@ def split(rows: list[Row], holdout: float) -> tuple[list[Row], list[Row]]:
     if not train:
         raise UserError(f"--holdout {holdout}: no rows left to train on ({len(rows)} committed)")
     return train, held
+
+
+def spread(rows: list[Row], n: int | None) -> list[Row]:
+    """At most ``n`` rows taken round-robin over the domains (parts come domain by domain:
+    the first ``n`` would be a few domains only)."""
+    if n is None or n >= len(rows):
+        return rows
+    by_domain: dict[object, list[Row]] = {}
+    for r in rows:
+        by_domain.setdefault(r.domain, []).append(r)
+    picked: list[Row] = []
+    for i in range(max(len(v) for v in by_domain.values())):
+        picked += [v[i] for v in by_domain.values() if i < len(v)]
+    return picked[:n]
 
 
 def load_target(spec: JobSpec) -> TreeModel:
@@ -100,6 +117,7 @@ def distill(
     dest = out.root / "drafts" / opts.name
     rows, _ = committed_rows(spec, out, opts.rows)
     train, held = split(rows, opts.holdout)
+    train = spread(train, opts.train_rows)
     echo(f"distill: {len(train)} rows to train on, {len(held)} held out -> {dest}")
     target = load_target(spec)
     aux = default_aux_layers(target.cfg.num_hidden_layers)

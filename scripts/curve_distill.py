@@ -1,0 +1,105 @@
+"""How a distilled head's acceptance grows with data (issue 23's D3): ``batchspec distill`` of
+one job's committed rows at several training sizes, every point measured on the same held-out
+rows (``--train-rows``: the held-out rows are the job's fixed fraction, whatever is trained on).
+
+For each size: training rows and tokens, wall time, the last epoch's loss and top-1
+agreement at depth 1, and mean tokens per verify step on the held-out rows (replayed, greedy:
+exact) at 4 and 8 nodes, the head's beside n-gram trees'. The last lines fit tokens per step
+at 8 nodes against log10(training tokens) and say what the fit gives at a user's job of 100k
+rows of this job's length (an extrapolation over orders of magnitude, stated as such).
+
+    .venv/bin/batchspec run jobs/synth_data.yaml --output /tmp/d3/out
+    .venv/bin/python scripts/curve_distill.py --job jobs/synth_data.yaml --output /tmp/d3/out \\
+        --train-rows 40,80,160,320 --epochs 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCHSPEC = str(Path(sys.executable).with_name("batchspec"))
+
+
+def distill(args: argparse.Namespace, rows: int) -> dict:
+    """One distill at ``rows`` training rows (its own head directory); its record."""
+    name = f"curve-{rows}-e{args.epochs}"
+    cmd = [BATCHSPEC, "distill", args.job, "--output", str(args.output), "--name", name]
+    cmd += ["--train-rows", str(rows), "--epochs", str(args.epochs), "--vocab", str(args.vocab)]
+    started = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"distill failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}"
+        )
+    record = json.loads((args.output / "drafts" / name / "record.json").read_text())
+    record["wall_s"] = time.perf_counter() - started
+    return record
+
+
+def mean_steps(record: dict, nodes: str, who: str) -> float:
+    """Tokens per verify step over the held-out domains (each domain weighs the same)."""
+    return statistics.fmean(d[nodes][who] for d in record["held_out"].values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_data.yaml"))
+    ap.add_argument("--output", type=Path, required=True, help="the job's output directory")
+    ap.add_argument("--train-rows", default="40,80,160,320", help="comma list of sizes")
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--rows-per-job", type=int, default=100_000, help="the extrapolation's job")
+    args = ap.parse_args()
+    sizes = [int(n) for n in args.train_rows.split(",")]
+    cols = (
+        "train rows | train tokens | wall s | loss | top-1 d1 | head@4 | ngram@4 | head@8 | ngram@8"
+    )
+    print(f"| {cols} |\n" + "|---" * 9 + "|")
+    points = []
+    for n in sizes:
+        r = distill(args, n)
+        last = r["epochs"][-1]
+        tokens = r["tokens"]["train"]
+        at8 = mean_steps(r, "8", "head")
+        points.append((tokens / r["rows"]["train"], tokens, at8))
+        print(
+            f"| {r['rows']['train']} | {tokens} | {r['wall_s']:.0f} | {last['loss']:.2f} "
+            f"| {last['top1_agreement'][0]:.2f} | {mean_steps(r, '4', 'head'):.2f} "
+            f"| {mean_steps(r, '4', 'ngram'):.2f} | {at8:.2f} "
+            f"| {mean_steps(r, '8', 'ngram'):.2f} |",
+            flush=True,
+        )
+    print(
+        f"held out: {r['rows']['held_out']} rows, domains {', '.join(r['held_out'])}; "
+        f"{args.epochs} epochs, draft vocabulary {args.vocab}; peak RSS {r['peak_rss_mb']} MB"
+    )
+    if len(points) >= 2:
+        xs = [math.log10(t) for _, t, _ in points]
+        ys = [y for _, _, y in points]
+        slope, icpt = _fit(xs, ys)
+        job_tokens = statistics.fmean(p for p, _, _ in points) * args.rows_per_job
+        print(
+            f"fit: head tokens per step at 8 nodes = {icpt:.2f} + {slope:.3f} * log10(train "
+            f"tokens); at {args.rows_per_job:,} rows ({job_tokens:.2g} tokens): "
+            f"{icpt + slope * math.log10(job_tokens):.2f} (an extrapolation)"
+        )
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line through the points: (slope, intercept)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    slope /= sum((x - mx) ** 2 for x in xs) or 1.0
+    return slope, my - slope * mx
+
+
+if __name__ == "__main__":
+    main()
