@@ -171,8 +171,9 @@ def test_a_listing_found_out_of_date_is_made_again_at_the_next_look(
 def test_units_only_listed_as_held_are_tried_by_the_lingering_workers(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """At a fleet's end every worker has passed the units others are finishing: only the
-    workers that linger try them (to learn when their leases could go stale)."""
+    """Every worker walks past units others are working on, and at a fleet's end every one
+    has passed the units others are finishing: only the workers that linger try them (to
+    learn when their leases could go stale); a dead holder's units are its watcher's."""
     from batchspec.work import claims as claims_mod
     from batchspec.work.claims import Claims, FailureLog
 
@@ -194,8 +195,11 @@ def test_units_only_listed_as_held_are_tried_by_the_lingering_workers(
         claims._crowded = time.monotonic()  # we walk where others work
         assert not claims.claim(units[1]) and attempts == []  # listed: passed over
         claims._not_before[units[1].unit_id] = 0.0  # its first look is due
-        claims._revisit_due()
-        assert [u.unit_id for u in claims._again] == ([units[1].unit_id] if lingers else [])
+        for walking in (True, False):  # walking past others' units, or at the end
+            claims._revisit_due(walking)
+            assert [u.unit_id for u in claims._again] == ([units[1].unit_id] if lingers else [])
+            claims.deferred.extend(claims._again)  # deferred again, for the next look
+            claims._again.clear()
 
 
 class Walk:

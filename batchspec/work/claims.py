@@ -136,16 +136,16 @@ class Claims:
         only the units whose leases could be stale by now are looked at (those gone from
         leases/, mostly committed, wait for the end of the walk, when its listings know).
 
-        A unit only seen held in a listing is tried (to learn its lease's age) by workers
-        that walk or linger, not by those about to leave: at a fleet's end every worker has
-        passed the units others are finishing, and a try of each was a conflict per worker
-        and unit (~8 per worker at 256 workers, more than a unit's own claim). Walkers' tries
-        spread a dead holder's units over many takers; its watcher (``Watch``) alone takes
-        them one per pull (at 1,000 workers, 15 dead: 1,109 s after the kill, against 543)."""
+        A unit only seen held in a listing is tried (to learn its lease's age) only by the
+        workers that linger: every other worker has passed units others are working on, and
+        a try of each is a conflict per worker and unit (~8 per worker at 256 workers, more
+        than a unit's own claim). A dead holder's units need no such tries: its watcher
+        (``Watch``) takes them over, and in a fleet each dead worker has a watcher of its own;
+        the lingerers' tries catch what no watch does."""
         now = time.monotonic()
         if not walking:
             self._revisited = now
-        takes_over = walking or self.lingers()
+        takes_over = self.lingers()
         for _ in range(len(self.deferred)):
             unit = self.deferred.popleft()
             uid = unit.unit_id
