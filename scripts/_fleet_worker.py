@@ -205,7 +205,14 @@ class CountingClaims(Claims):
         self.conflict_units: list[str] = []
         self.conflict_revisits = 0
         """Conflicts on units looked at again (``_revisit_due``), not met on the walk."""
-        self._revisiting: set[str] = set()
+        self.conflict_kinds: dict[str, int] = {}
+        """Conflicts by what the claimant was doing: ``walk`` (met on its walk), or a look
+        again at a deferred unit while ``walking``, on its ``last`` look before it leaves, or
+        while it ``linger``s; each of those ``+unaged`` when it had only seen the unit held in
+        a listing, never tried it."""
+        self._revisiting: dict[str, str] = {}
+        self.watched: set[str] = set()
+        """Units taken over as a dead worker's (``Watch``, or its other units)."""
 
         try_claim = self.leases.try_claim
 
@@ -216,14 +223,23 @@ class CountingClaims(Claims):
                 self.conflict_times.append(time.time() - self.t0)
                 self.conflict_units.append(unit_id)
                 self.conflict_revisits += unit_id in self._revisiting
-            self._revisiting.discard(unit_id)
+                kind = self._revisiting.get(unit_id, "walk")
+                self.conflict_kinds[kind] = self.conflict_kinds.get(kind, 0) + 1
+            self._revisiting.pop(unit_id, None)
             return ok
 
         self.leases.try_claim = counted  # type: ignore[method-assign]
 
-    def _revisit_due(self, *args: Any, **kwargs: Any) -> None:
-        super()._revisit_due(*args, **kwargs)
-        self._revisiting |= {u.unit_id for u in self._again}
+    def _revisit_due(self, walking: bool = False) -> None:
+        unaged = set(self._unaged)
+        super()._revisit_due(walking)
+        mode = "walking" if walking else "linger" if self.lingers() else "last"
+        for u in self._again:
+            self._revisiting.setdefault(u.unit_id, mode + "+unaged" * (u.unit_id in unaged))
+
+    def _take_over(self, unit_id: str, scheduler: Any) -> None:
+        self.watched.add(unit_id)
+        super()._take_over(unit_id, scheduler)
 
     def claim(self, unit: WorkUnit) -> bool:
         ok = super().claim(unit)
@@ -379,9 +395,11 @@ class SimWorker:
             "conflict_times": self.claims.conflict_times,
             "conflict_units": self.claims.conflict_units,
             "conflict_revisits": self.claims.conflict_revisits,
+            "conflict_kinds": self.claims.conflict_kinds,
             "first_claim": claimed[0][0] if claimed else None,
             "killed_at": self.killed_at,
             "held_at_kill": self.held_at_kill,
+            "watched": sorted(self.claims.watched),
             "idle_at": self.idle_at,
             "error": self.error,
             "trace": [(round((t - self.t0) * self.speed), a, b) for t, a, b in self.trace[-5:]],

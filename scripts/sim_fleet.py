@@ -94,20 +94,24 @@ def check_exactly_once(out: OutDir, units: int, rows: int) -> tuple[bool, int]:
     return ok, len(parts)
 
 
-def takeovers(reports: list[dict], speed: float) -> list[float]:
-    """Simulated seconds from each kill to the next claim of each unit the dead one held."""
-    claims: dict[str, list[float]] = {}
+def takeovers(reports: list[dict], speed: float) -> list[tuple[float, str]]:
+    """Simulated seconds from each kill to the next claim of each unit the dead one held,
+    and how it was found: ``watch`` (a watcher, or the taker of the dead one's other lease)
+    or ``try`` (a claim attempt found its lease stale)."""
+    claims: dict[str, list[tuple[float, bool]]] = {}
     for r in reports:
+        watched = set(r.get("watched", []))
         for t, uid in r["claims"]:
-            claims.setdefault(uid, []).append(t)
+            claims.setdefault(uid, []).append((t, uid in watched))
     waits = []
     for r in reports:
         if r["killed_at"] is None:
             continue
         for uid in r["held_at_kill"]:
-            later = [t for t in claims.get(uid, []) if t > r["killed_at"]]
+            later = [c for c in claims.get(uid, []) if c[0] > r["killed_at"]]
             if later:  # none: the dead one's commit in flight at the kill went through
-                waits.append((min(later) - r["killed_at"]) * speed)
+                t, watched = min(later)
+                waits.append(((t - r["killed_at"]) * speed, "watch" if watched else "try"))
     return waits
 
 
@@ -147,6 +151,10 @@ def phases(reports: list[dict], speed: float) -> dict[str, list[int]]:
         for t, _ in r["claims"]:
             out[phase(t)][1] += 1
     out["revisits"] = [sum(r["conflict_revisits"] for r in reports), 0]
+    for r in reports:  # [conflicts, 0] by what the claimant was doing (CountingClaims)
+        for kind, n in r.get("conflict_kinds", {}).items():
+            out.setdefault(f"by_{kind}", [0, 0])[0] += n
+    out["lingerers"] = [sum(bool(r.get("lingers")) for r in reports), 0]
     out["edges_s"] = [round(e * speed) for e in edges if e != float("inf")]
     return out
 
@@ -205,7 +213,8 @@ def simulate(cfg: dict) -> dict:
         "phases": phases(reports, cfg["speed"]),
         "first_unit_s": (statistics.median(firsts), max(firsts)) if firsts else (None, None),
         "kills": sum(w["killed_at"] is not None for w in reports),
-        "takeover_s": max(waits) if waits else None,
+        "takeover_s": max(w for w, _ in waits) if waits else None,
+        "takeovers": sorted((round(w), how) for w, how in waits),
         "exactly_once": ok,
         "parts": parts,
         "wall_s": t_end,
@@ -232,6 +241,23 @@ HEADER = (
     "| exactly once | wall s | ops / unit by kind |\n"
     "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
+
+
+def conflicts_line(ph: dict[str, list[int]]) -> str:
+    """Where the conflicts were: by phase (conflicts/claims) and by what the claimant did."""
+    by = ", ".join(f"{k[3:]} {v[0]}" for k, v in sorted(ph.items()) if k.startswith("by_"))
+    when = ", ".join(f"{k} {ph[k][0]}/{ph[k][1]}" for k in ("start", "work", "end"))
+    edges = "/".join(str(e) for e in ph["edges_s"])
+    return (
+        f"  conflicts/claims: {when} (phases end at {edges} s); by the claimant's state: "
+        f"{by or 'none'}; lingerers {ph['lingerers'][0]}"
+    )
+
+
+def takeovers_line(r: dict) -> str:
+    """Each of the dead workers' units: seconds from the kill to its new claim, and how."""
+    waits = ", ".join(f"{w} {how}" for w, how in r["takeovers"])
+    return f"  takeovers (s after the kill, found by): {waits or 'none'}"
 
 
 TABLE = {16: (20.0, 4), 64: (20.0, 4), 256: (10.0, 4), 1000: (5.0, 8)}
@@ -285,6 +311,8 @@ def main() -> None:
         r = simulate(config(args, w, base / f"w{w}"))
         results.append(r)
         print(row(r), flush=True)
+        print(conflicts_line(r["phases"]), flush=True)
+        print(takeovers_line(r), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     if args.out is None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import job_dict
 
-from batchspec.engines.tree.drafter import Growth, shape_ranks
+from batchspec.engines.tree.drafter import Growth, growth_scratch, shape_ranks
 from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures, TargetFeatures
 from batchspec.engines.tree.eagle_head import (
@@ -29,7 +29,7 @@ from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.shape import batch_layout
 from batchspec.measure.distill import Options, fit, measure_held_out, new_head, spread
 from batchspec.measure.distill_data import FeatureStore, Row
-from batchspec.measure.distill_train import depth_outputs, draft_vocab
+from batchspec.measure.distill_train import depth_outputs, draft_vocab, held_out_steps
 from batchspec.spec import JobSpec
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 
@@ -137,6 +137,32 @@ def test_the_batched_cached_head_grows_what_the_whole_row_forward_grows(vocab: i
     offline.extend(0, contexts[0][len(prompts[0]) + 1 :])
     (tree,) = offline.draft([Ask(0, 4, 3)])
     assert (tree.tokens, tree.parents) == reference_tree(head, target, contexts[0], 4, 3)
+
+
+def test_a_trees_growth_fits_the_draft_scratch_behind_the_longest_row() -> None:
+    """Growth feeds nodes it later drops (kept at one depth, displaced at the next), so one
+    tree can take more than K + 1 draft-cache positions behind a row; ``growth_scratch``
+    bounds it, and the held-out replay drafts at a row's very end inside it (with K + 2
+    positions, as before, it failed: "cache full")."""
+    torch.manual_seed(0)
+    fed: dict[tuple[int, int], int] = {}
+    for budget, depth in ((2, 4), (4, 3), (8, 4), (8, 8)):
+        for _ in range(50):
+            g = Growth(0, budget, shape_ranks(budget, depth))
+            while g.frontier:
+                n = len(g.feed())
+                assert g.used + n <= growth_scratch(budget, depth)  # offset + nodes fed
+                g.used += n
+                g.expand(torch.log_softmax(3 * torch.randn(n, VOCAB), -1))
+            fed[budget, depth] = max(fed.get((budget, depth), 0), g.used)
+    assert fed[8, 8] > 8 + 1 and fed[4, 3] > 4 + 1  # more than the old bound
+    target = tiny()
+    prompt = [3, 7, 11, 2, 9]
+    out = [int(t) for t in torch.randint(0, VOCAB, (24,))]
+    head = random_head(target, draft_vocab([prompt], 0, VOCAB))
+    row = (prompt, out, features(target, prompt + out[:-1]))
+    mine, _ = held_out_steps(head, [row], 8, 8)
+    assert mine >= 1.0
 
 
 def plain_rows(target: TreeModel, prompts: list[list[int]], spec: JobSpec) -> list[RowResult]:

@@ -168,12 +168,13 @@ def test_a_listing_found_out_of_date_is_made_again_at_the_next_look(
     assert done.done(ids[1]) and done.done(ids[2])
 
 
-def test_units_only_listed_as_held_are_tried_by_the_lingering_workers(
+def test_units_only_listed_as_held_are_tried_only_in_a_fleet_where_every_worker_lingers(
     tmp_path: Path, monkeypatch
 ) -> None:
     """Every worker walks past units others are working on, and at a fleet's end every one
-    has passed the units others are finishing: only the workers that linger try them (to
-    learn when their leases could go stale); a dead holder's units are its watcher's."""
+    has passed the units others are finishing: in a fleet of 16 or more nobody tries them
+    (a dead holder's units are its watcher's) until the listing no longer shows them held;
+    in a smaller one, where every worker lingers, they are tried to learn their leases' age."""
     from batchspec.work import claims as claims_mod
     from batchspec.work.claims import Claims, FailureLog
 
@@ -184,22 +185,26 @@ def test_units_only_listed_as_held_are_tried_by_the_lingering_workers(
     other = Leases(out, "other", 60, 10)
     other.beat()
     assert other.try_claim(units[1].unit_id)
-    for lingers in (False, True):
-        me = Leases(out, f"me{lingers}", 60, 10)
+    PartWriter(out, output_schema(pa.string(), {})).commit(result(0))
+    for fleet in (1, 15, 16, 1000):
+        me = Leases(out, f"me{fleet}", 60, 10)
         attempts: list[str] = []
         real = me.try_claim
         me.try_claim = lambda uid, real=real, a=attempts: a.append(uid) or real(uid)  # type: ignore[method-assign]
         claims = Claims(out, me, FailureLog(out, "run"), set())
-        claims.lingers = lambda lingers=lingers: lingers  # type: ignore[method-assign]
-        PartWriter(out, output_schema(pa.string(), {})).commit(result(0))
+        claims._fleet = fleet
         claims._crowded = time.monotonic()  # we walk where others work
         assert not claims.claim(units[1]) and attempts == []  # listed: passed over
         claims._not_before[units[1].unit_id] = 0.0  # its first look is due
         for walking in (True, False):  # walking past others' units, or at the end
             claims._revisit_due(walking)
-            assert [u.unit_id for u in claims._again] == ([units[1].unit_id] if lingers else [])
+            tried = [units[1].unit_id] if fleet < 16 else []
+            assert [u.unit_id for u in claims._again] == tried, (fleet, walking)
             claims.deferred.extend(claims._again)  # deferred again, for the next look
             claims._again.clear()
+    other.release(units[1].unit_id)  # handed back: the listing no longer shows it held
+    claims._revisit_due(walking=False)
+    assert [u.unit_id for u in claims._again] == [units[1].unit_id]
 
 
 class Walk:
@@ -310,3 +315,82 @@ def test_a_dead_nodes_workers_are_taken_over_by_watchers_of_their_own(
         leases.beat()
     taken = {n: claims[n].next(walks[n], 0).unit_id for n in live}
     assert taken == {"live1-b": plan[0].unit_id, "live1-a": plan[1].unit_id}
+
+
+def test_the_record_lists_every_unit_a_worker_holds_for_its_watcher(tmp_path: Path) -> None:
+    """A watcher takes over the units a dead worker's record lists: those claimed ahead (not
+    yet started) and a crash's suspects are leased too, so the record lists them (at 0 rows)
+    beside the open units; a unit missing there waited for a walker's try (at 1,000 simulated
+    workers, up to 1,139 s after the kill against a bound of 470)."""
+    from batchspec.work.claims import ClaimingSource
+    from batchspec.work.stopping import StopFlag
+
+    ahead, running, suspect = (result(4 * i).unit for i in range(3))
+    source = ClaimingSource(None, None, 0, None, StopFlag(1.0), 0.0, [ahead], 3)  # type: ignore[arg-type]
+    requests = UnitRequests(running, [])
+    requests.finished = 2
+    source.open[running.unit_id] = requests
+    source.quarantine.suspects[suspect.unit_id] = None  # type: ignore[assignment]
+    assert source.progress() == {ahead.unit_id: 0, suspect.unit_id: 0, running.unit_id: 2}
+
+
+def test_a_unit_gone_from_leases_is_looked_up_in_a_new_listing_of_parts_not_tried(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """At a fleet's end every worker that passed a unit looks at it once leases/ no longer
+    lists it; one listing of its parts (not older than LIST_S / 8) tells that it was
+    committed, where a claim attempt each raced the others' (conflicts, and a lease, a stat
+    and an unlink per worker and unit)."""
+    from batchspec.work import claims as claims_mod
+    from batchspec.work.claims import Claims, FailureLog
+
+    monkeypatch.setattr(indexes, "HELD_S", 0.0)
+    monkeypatch.setattr(indexes, "LIST_S", 0.4)
+    monkeypatch.setattr(claims_mod, "REVISIT_S", 0.0)
+    out = OutDir(tmp_path)
+    done = result(4)
+    other = Leases(out, "other", 60, 10)
+    other.beat()
+    assert other.try_claim(done.unit.unit_id)
+    claims = Claims(out, Leases(out, "me", 60, 10), FailureLog(out, "run"), set())
+    claims._fleet = 1000
+    claims._crowded = time.monotonic()
+    assert not claims.claim(done.unit)  # listed as held: deferred, parts listed (none)
+    PartWriter(out, output_schema(pa.string(), {})).commit(done)
+    other.release(done.unit.unit_id)
+    time.sleep(0.06)  # the parts' listing older than LIST_S / 8, younger than LIST_S
+    claims._revisit_due(walking=False)
+    assert not claims._again and not claims.deferred
+
+
+def test_in_a_fleet_a_leaving_worker_leaves_units_that_could_be_stale_to_the_watchers(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A unit tried and found held is tried again once its lease could be stale: by a
+    walker, a lingerer, or anyone in a fleet under 16; not by a worker of a larger fleet on
+    its way out (its last looks at the end tried units whose holders were finishing them)."""
+    from batchspec.work import claims as claims_mod
+    from batchspec.work.claims import Claims, FailureLog
+
+    monkeypatch.setattr(indexes, "HELD_S", 0.0)
+    monkeypatch.setattr(claims_mod, "REVISIT_S", 0.0)
+    out = OutDir(tmp_path)
+    unit = result(4).unit
+    other = Leases(out, "other", 60, 10)
+    other.beat()
+    assert other.try_claim(unit.unit_id)
+    for fleet, walking, lingers in [(8, False, False), (1000, True, False), (1000, False, True)]:
+        claims = Claims(out, Leases(out, "me", 60, 10), FailureLog(out, "run"), set())
+        claims._fleet = fleet
+        claims.lingers = lambda lingers=lingers: lingers  # type: ignore[method-assign]
+        assert not claims.claim(unit)  # tried: held, its age known
+        claims._not_before[unit.unit_id] = 0.0  # its lease could be stale by now
+        claims._revisit_due(walking)
+        assert [u.unit_id for u in claims._again] == [unit.unit_id], (fleet, walking, lingers)
+    claims = Claims(out, Leases(out, "me", 60, 10), FailureLog(out, "run"), set())
+    claims._fleet = 1000
+    claims.lingers = lambda: False  # type: ignore[method-assign]
+    assert not claims.claim(unit)
+    claims._not_before[unit.unit_id] = 0.0
+    claims._revisit_due(walking=False)
+    assert not claims._again and [u.unit_id for u in claims.deferred] == [unit.unit_id]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from batchspec.engines.tree.drafter import growth_scratch
 from batchspec.engines.tree.drafting import replay
 from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures
 from batchspec.engines.tree.eagle_head import EagleHead
@@ -117,7 +118,7 @@ def held_out_steps(
     shape = TreeShape(max_depth=depth)
     got = {"head": [0, 0], "ngram": [0, 0]}
     for prompt, out, feats in rows:
-        max_len = len(prompt) + len(out) + k + 2
+        max_len = len(prompt) + len(out) + growth_scratch(k, depth)
         drafters = {
             "head": EagleDrafter(head, StoredFeatures(feats), 1, max_len),
             "ngram": NgramDrafter(1, 4),

@@ -90,6 +90,20 @@ class DoneIndex:
             self._listed[folder] = (time.monotonic(), names)
         return unit_id in names
 
+    def recheck(self, unit_id: str) -> bool:
+        """Whether a unit is committed, its directory listed again unless the listing is
+        younger than an eighth of ``LIST_S``: asked of a unit leases/ no longer lists (most
+        likely committed since). At a fleet's end every worker that passed a unit asks at
+        once; a claim attempt each to find out raced the others' (at 1,000 simulated
+        workers, ~26,000 conflicts for 8 claims)."""
+        if self.done(unit_id):
+            return True
+        folder = self.out.part_dir(unit_id)
+        at, names = self._listed.get(folder, (-float("inf"), set()))
+        if time.monotonic() - at > LIST_S / 8:
+            self._listed[folder] = (-float("inf"), names)
+        return self.done(unit_id)
+
     def stale(self, unit_id: str) -> None:
         """A unit its listing showed undone was committed: its directory is listed again at
         the next look, unless the listing is younger than an eighth of ``LIST_S`` (a walk

@@ -55,6 +55,15 @@ def shape_ranks(
     return ranks
 
 
+def growth_scratch(budget: int, depth: int) -> int:
+    """Draft-cache positions one tree's growth may take behind a row's prefix: the root, then
+    per depth a frontier of at most ``budget`` kept nodes (one batched forward pads every row
+    to the longest). Nodes kept at one depth and displaced at the next were fed all the same,
+    so ``budget + 1`` is not enough: at budget 8 and depth 8 growth fed up to 26 nodes on
+    random distributions, and a row near its cache's end failed with "cache full"."""
+    return 1 + budget * max(depth, 1)
+
+
 class Growth:
     """One row's tree as it grows: every candidate so far (node 0 the root) with its cumulative
     draft log-probability; ``frontier`` holds the kept nodes whose children come next."""

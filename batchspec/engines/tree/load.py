@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from batchspec.engines.tree.drafter import open_model_drafter
+from batchspec.engines.tree.drafter import growth_scratch, open_model_drafter
 from batchspec.engines.tree.drafting import Drafter
 from batchspec.engines.tree.eagle import open_eagle_drafter
 from batchspec.engines.tree.model import TreeModel
@@ -82,11 +82,13 @@ def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:
     if k <= 0:
         return None
     s = spec.speculative
+    tree = s.tree
+    depth = max([tree.depth(), *(t.depth() for t in tree.per_domain.values())]) if tree else 1
+    scratch = growth_scratch(k, depth)  # behind the longest row the target may hold
     if s.method == "draft_model":
-        # The draft's scratch: the root, up to K fed nodes, and one forward's padding.
-        return open_model_drafter(spec, target, target.max_len + k + 1)
+        return open_model_drafter(spec, target, target.max_len + scratch)
     if s.method == "eagle3":
-        return open_eagle_drafter(spec, target, target.max_len + k + 1)
+        return open_eagle_drafter(spec, target, target.max_len + scratch)
     return NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
 
 
