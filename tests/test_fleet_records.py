@@ -321,7 +321,7 @@ def test_the_record_lists_every_unit_a_worker_holds_for_its_watcher(tmp_path: Pa
     """A watcher takes over the units a dead worker's record lists: those claimed ahead (not
     yet started) and a crash's suspects are leased too, so the record lists them (at 0 rows)
     beside the open units; a unit missing there waited for a walker's try (at 1,000 simulated
-    workers, up to 1,139 s after the kill against a bound of 470)."""
+    workers the slowest waited 1,139 and 1,452 s after the kill, against a bound of 470)."""
     from batchspec.work.claims import ClaimingSource
     from batchspec.work.stopping import StopFlag
 
