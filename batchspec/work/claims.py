@@ -52,20 +52,20 @@ class Claims:
         self.deferred: deque[WorkUnit] = deque()
         """Units held by other workers when we came by: looked at again later, oldest first."""
         self._again: deque[WorkUnit] = deque()
+        self.taken: deque[WorkUnit] = deque()
+        """Dead workers' units we took over (leased), not yet handed out."""
         self._revisited = time.monotonic()
         self.skipped: deque[WorkUnit] = deque()
         """Units left to a worker that walks ahead of us (``_jump``), taken once the plan is."""
         self._not_before: dict[str, float] = {}
         """Per deferred unit: when looking again could find it free."""
         self._unaged: set[str] = set()
-        """Deferred units only seen held in a listing: how old their lease is, and so when
-        it could go stale, only a claim attempt tells (``_revisit_due``)."""
+        """Deferred units only seen held in a listing (their leases' age unknown)."""
         self.done = DoneIndex(out)
         self.held = HeldIndex(out)
         self.watch = Watch(leases)
         self._crowded = -float("inf")
-        """When we last ran into others' units (done or held): only then is leases/ listed,
-        not while we walk a stretch of our own."""
+        """When we last ran into others' units (done or held): only then is leases/ listed."""
         self._fleet = 1
         """The most live workers counted so far (``lingers``)."""
         self._looked = time.monotonic()
@@ -84,6 +84,8 @@ class Claims:
             self._revisit_due(walking=True)
         for uid in self.watch.orphans():  # a dead worker's units, which no walk may reach
             self._take_over(uid, scheduler)
+        if self.taken:
+            return self.taken.popleft()
         while True:
             walked = not self._again
             unit = self._again.popleft() if self._again else scheduler.next_unit(k)
@@ -103,8 +105,8 @@ class Claims:
             self._revisit_due()
 
     def _take_over(self, unit_id: str, scheduler: Scheduler) -> None:
-        """Claim a dead worker's unit (``Watch``) wherever it is in our plan: its lease is
-        stale, and the claim takes it over."""
+        """Claim a dead worker's unit (``Watch``) wherever it is in our plan, at once (its
+        lease is stale): to ``taken``, run as our engine pulls units, one per pull."""
         unit = next((u for u in self.deferred if u.unit_id == unit_id), None)
         if unit is not None:
             self.deferred.remove(unit)
@@ -116,7 +118,8 @@ class Claims:
                 unit = scheduler.take(unit_id)
         if unit is not None:
             self._not_before[unit_id] = 0.0  # tried now, even if a listing shows it held
-            self._again.appendleft(unit)
+            if self.claim(unit):
+                self.taken.append(unit)
 
     def _jump(self, scheduler: Scheduler, k: int) -> None:
         """Walking the plan, we ran into a unit a live worker holds: it walks on from there,
@@ -202,10 +205,8 @@ class Claims:
         return True
 
     def lingers(self) -> bool:
-        """Whether this worker, its own work done, waits on units others hold: in a fleet,
-        about ``LINGERERS`` workers do (picked by name), the others end; alone or among a
-        few workers, every one does. The fleet's size is the most workers counted while
-        this one ran (at the end, those done have gone)."""
+        """Whether this worker, its own work done, waits on units others hold: about
+        ``LINGERERS`` of a fleet (the most workers counted while it ran) do, by name."""
         share = max(1, self._fleet // LINGERERS)
         digest = hashlib.sha1(self.leases.me.worker.encode()).hexdigest()
         return int(digest[:8], 16) % share == 0
@@ -304,9 +305,9 @@ class ClaimingSource:
 
     def progress(self) -> dict[str, int]:
         """Rows finished per unit we hold, for the heartbeat record, which is also the list a
-        watcher takes over if we die: open units, and at 0 those claimed ahead (``ready``)
-        and the suspects of a crash, leased too."""
-        held = dict.fromkeys([u.unit_id for u in list(self.ready)], 0)
+        watcher takes over if we die: open units, and at 0 those claimed ahead or taken over,
+        and the suspects of a crash."""
+        held = dict.fromkeys([u.unit_id for u in [*self.ready, *self.claims.taken]], 0)
         held |= dict.fromkeys(list(self.quarantine.suspects), 0)
         return held | {uid: r.finished for uid, r in list(self.open.items())}
 
@@ -340,8 +341,8 @@ class ClaimingSource:
         return len(uids)
 
     def release_unstarted(self) -> None:
-        """Hand back units claimed ahead but not yet given to the engine (on a stop)."""
-        for unit in list(self.ready):
+        """Hand back units claimed ahead or taken over, not yet given to the engine (a stop)."""
+        for unit in [*self.ready, *self.claims.taken]:
             if unit.unit_id not in self.open:
                 self.claims.leases.release(unit.unit_id)
 
