@@ -107,15 +107,13 @@ class Claims:
     def _take_over(self, unit_id: str, scheduler: Scheduler) -> None:
         """Claim a dead worker's unit (``Watch``) wherever it is in our plan, at once (its
         lease is stale): to ``taken``, run as our engine pulls units, one per pull."""
-        unit = next((u for u in self.deferred if u.unit_id == unit_id), None)
-        if unit is not None:
-            self.deferred.remove(unit)
-        else:
-            unit = next((u for u in self.skipped if u.unit_id == unit_id), None)
+        for queue in (self.deferred, self.skipped):
+            unit = next((u for u in queue if u.unit_id == unit_id), None)
             if unit is not None:
-                self.skipped.remove(unit)
-            else:
-                unit = scheduler.take(unit_id)
+                queue.remove(unit)
+                break
+        else:
+            unit = scheduler.take(unit_id)
         if unit is not None:
             self._not_before[unit_id] = 0.0  # tried now, even if a listing shows it held
             if self.claim(unit):
