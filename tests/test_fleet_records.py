@@ -325,7 +325,7 @@ def test_the_record_lists_every_unit_a_worker_holds_for_its_watcher(tmp_path: Pa
     yet started) and a crash's suspects are leased too, so the record lists them (at 0 rows)
     beside the open units; a unit missing there waited for a walker's try (at 1,000 simulated
     workers the slowest waited 1,139 and 1,452 s after the kill, against a bound of 470)."""
-    from batchspec.work.claims import Claims, ClaimingSource, FailureLog
+    from batchspec.work.claims import ClaimingSource, Claims, FailureLog
     from batchspec.work.stopping import StopFlag
 
     out = OutDir(tmp_path)
