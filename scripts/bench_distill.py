@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import torch  # noqa: E402
 from _tree_bench_lib import Run, Sample, per_step, run, variant  # noqa: E402
 
-from batchspec.engines.tree.drafter import ModelDrafter  # noqa: E402
+from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch  # noqa: E402
 from batchspec.engines.tree.drafting import replay  # noqa: E402
 from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures  # noqa: E402
 from batchspec.engines.tree.eagle_head import TappedModel, load_head  # noqa: E402
@@ -77,6 +77,7 @@ def d1(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
     for k in (4, 8):
         sums: dict[tuple[str, str], list[int]] = {}
         seen: dict[str, int] = {}
+        scratch = growth_scratch(k, a.depth)  # the nodes a tree's growth feeds behind a row
         for r in held:
             dom = str(r.domain)
             seen[dom] = seen.get(dom, 0) + 1
@@ -84,11 +85,11 @@ def d1(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
             feats = tapped.take(0)
             tapped.release(0)
             drafters = {
-                "head": EagleDrafter(head, StoredFeatures(feats), 1, len(r.tokens) + k + 2),
+                "head": EagleDrafter(head, StoredFeatures(feats), 1, len(r.tokens) + scratch),
                 "ngram": NgramDrafter(1, 4),
             }
             if seen[dom] <= a.self_rows:
-                draft = target.layers_only(keep, 1, len(r.tokens) + 2 * k + 4)
+                draft = target.layers_only(keep, 1, len(r.tokens) + scratch)
                 drafters["self"] = ModelDrafter(draft, target.vocab_size)
             for name, drafter in drafters.items():
                 got = replay(drafter, r.prompt, r.output, k, shape, len(r.output) + 1)
