@@ -213,6 +213,20 @@ class CountingClaims(Claims):
         self._revisiting: dict[str, str] = {}
         self.watched: set[str] = set()
         """Units taken over as a dead worker's (``Watch``, or its other units)."""
+        self.looks: list[tuple[float, str | None, int]] = []
+        """Each look of our watch: when, the worker it watches after it, how many it found."""
+        orphans = self.watch.orphans
+
+        def looked() -> list[str]:
+            at = self.watch._at
+            found = orphans()
+            if self.watch._at != at:
+                ring, me = self.leases.ring, self.leases.me.worker
+                nxt = ring[(ring.index(me) + 1) % len(ring)] if me in ring else None
+                self.looks.append((time.time() - self.t0, nxt, len(found)))
+            return found
+
+        self.watch.orphans = looked  # type: ignore[method-assign]
 
         try_claim = self.leases.try_claim
 
@@ -400,6 +414,7 @@ class SimWorker:
             "killed_at": self.killed_at,
             "held_at_kill": self.held_at_kill,
             "watched": sorted(self.claims.watched),
+            "looks": self.claims.looks,
             "idle_at": self.idle_at,
             "error": self.error,
             "trace": [(round((t - self.t0) * self.speed), a, b) for t, a, b in self.trace[-5:]],

@@ -28,6 +28,7 @@ exactly once: yes|no`` for the largest fleet run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import shutil
@@ -113,6 +114,16 @@ def takeovers(reports: list[dict], speed: float) -> list[tuple[float, str]]:
                 t, watched = min(later)
                 waits.append(((t - r["killed_at"]) * speed, "watch" if watched else "try"))
     return waits
+
+
+def look_gaps(reports: list[dict], speed: float) -> list[float]:
+    """Simulated seconds between a live worker's consecutive looks at the one it watches:
+    S4's "time a busy worker takes to look again" (``Watch``, every ``WATCH_S`` at most)."""
+    gaps = []
+    for r in reports:
+        times = [t for t, _, _ in r.get("looks", [])]
+        gaps += [(b - a) * speed for a, b in itertools.pairwise(times)]
+    return sorted(gaps)
 
 
 def steady_rate(results: list[dict], reports: list[dict], t_end: float, speed: float) -> float:
@@ -215,6 +226,7 @@ def simulate(cfg: dict) -> dict:
         "kills": sum(w["killed_at"] is not None for w in reports),
         "takeover_s": max(w for w, _ in waits) if waits else None,
         "takeovers": sorted((round(w), how) for w, how in waits),
+        "look_gaps": look_gaps(reports, cfg["speed"]),
         "exactly_once": ok,
         "parts": parts,
         "wall_s": t_end,
@@ -257,7 +269,14 @@ def conflicts_line(ph: dict[str, list[int]]) -> str:
 def takeovers_line(r: dict) -> str:
     """Each of the dead workers' units: seconds from the kill to its new claim, and how."""
     waits = ", ".join(f"{w} {how}" for w, how in r["takeovers"])
-    return f"  takeovers (s after the kill, found by): {waits or 'none'}"
+    gaps = r["look_gaps"]
+    looks = (
+        f"; a watcher looks again within {statistics.median(gaps):.0f} s (median), "
+        f"{gaps[int(0.99 * (len(gaps) - 1))]:.0f} s (99th percentile), {gaps[-1]:.0f} s (max)"
+        if gaps
+        else ""
+    )
+    return f"  takeovers (s after the kill, found by): {waits or 'none'}{looks}"
 
 
 TABLE = {16: (20.0, 4), 64: (20.0, 4), 256: (10.0, 4), 1000: (5.0, 8)}

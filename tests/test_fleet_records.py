@@ -289,6 +289,44 @@ def test_a_dead_workers_units_ahead_of_every_walk_are_taken_over_by_its_watcher(
     assert claims.next(walk, 0) == plan[3]
 
 
+class SlowWalk(Walk):
+    """A walk that takes its time per unit, as 1,000 workers' walks over others' units do."""
+
+    def next_unit(self, k: int) -> WorkUnit | None:
+        time.sleep(0.05)
+        return super().next_unit(k)
+
+
+def test_a_watcher_in_a_long_walk_takes_a_dead_workers_units_over_mid_walk(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A worker's own stretch done, its walk over units others committed can take long (in the
+    1,000-worker simulation, minutes): the worker it watches dies meanwhile, and its units
+    are taken over mid-walk, not once the walk is over (found 800-1,300 s after the kill)."""
+    from batchspec.work import watch
+    from batchspec.work.claims import Claims, FailureLog
+
+    monkeypatch.setattr(watch, "WATCH_S", 0.1)
+    out = OutDir(tmp_path)
+    plan = [result(4 * i).unit for i in range(12)]
+    writer = PartWriter(out, output_schema(pa.string(), {}))
+    for i in range(1, 11):
+        writer.commit(result(4 * i))  # committed by others: the walk passes them
+    dead = worker(out, "b-dead", timeout_s=0.3, beat_s=0.1)._leases
+    dead.progress = lambda: {plan[0].unit_id: 1}
+    assert dead.try_claim(plan[0].unit_id)
+    dead.beat()  # its last beat: then it is killed
+    me = Leases(out, "a-watcher", 0.3, 0.1)
+    me.start()
+    try:
+        claims = Claims(out, me, FailureLog(out, "run"), set())
+        walk = SlowWalk(plan[1:] + plan[:1])  # ten done, one free, then the dead one's
+        assert claims.next(walk, 0) == plan[0]  # stale after ~6 of the ten: taken mid-walk
+        assert walk.queue and claims.next(walk, 0) == plan[11]
+    finally:
+        me.stop()
+
+
 def test_a_dead_nodes_workers_are_taken_over_by_watchers_of_their_own(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -82,11 +82,12 @@ class Claims:
             # units wait for a look, not for the end of every walk that passed them.
             self._looked = time.monotonic()
             self._revisit_due(walking=True)
-        for uid in self.watch.orphans():  # a dead worker's units, which no walk may reach
-            self._take_over(uid, scheduler)
-        if self.taken:
-            return self.taken.popleft()
         while True:
+            # Dead workers' units (no walk reaches them): looked for per unit walked.
+            for uid in self.watch.orphans():
+                self._take_over(uid, scheduler)
+            if self.taken:
+                return self.taken.popleft()
             walked = not self._again
             unit = self._again.popleft() if self._again else scheduler.next_unit(k)
             if unit is None and self.skipped:
