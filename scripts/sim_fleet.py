@@ -279,9 +279,9 @@ def takeovers_line(r: dict) -> str:
     return f"  takeovers (s after the kill, found by): {waits or 'none'}{looks}"
 
 
-TABLE = {16: (20.0, 4), 64: (20.0, 4), 256: (10.0, 4), 1000: (5.0, 8)}
+TABLE = {16: (20.0, 4), 64: (20.0, 4), 256: (10.0, 4), 1000: (2.5, 8)}
 """``--table``'s speed and processes per fleet size, as docs/fleet.md's rows were measured
-(a 2-core machine: 256 workers at 35x, or 1,000 in 4 processes, did not keep up)."""
+(a 2-core machine: 256 workers at 35x, 1,000 at 5x or in 4 processes, did not keep up)."""
 
 
 def config(args: argparse.Namespace, workers: int, out: Path) -> dict:
