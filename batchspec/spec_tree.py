@@ -104,6 +104,13 @@ class TreeSpec(TreeShape):
         "(self-speculation, as LayerSkip and Draft & Verify: no second model in memory)",
     )
 
+    ngram_first: bool = Field(
+        False,
+        description="`draft_model` and `eagle3`: a row's tree from the context's n-grams when "
+        "they continue its last tokens, from the model only when they do not (SuffixDecoding's "
+        "hybrid); n-gram bounds from `prompt_lookup_min`/`max`",
+    )
+
     @field_validator("draft_layers")
     @classmethod
     def _layers(cls, v: list[int] | None) -> list[int] | None:
@@ -122,6 +129,8 @@ class TreeSpec(TreeShape):
             )
         if method == "eagle3" and not model:
             raise ValueError("method eagle3 needs speculative.model (the head: batchspec distill)")
+        if self.ngram_first and method not in ("draft_model", "eagle3"):
+            raise ValueError("tree.ngram_first needs method draft_model or eagle3 (a model)")
         if self.draft_layers is not None and method != "draft_model":
             raise ValueError("tree.draft_layers needs method draft_model")
         if method == "draft_model" and not (model or self.draft_layers):
@@ -182,8 +191,7 @@ def check_speculative(s: Any) -> Any:
         s.tree.check_method(s.method, s.model)
     elif s.method in ("draft_model", "eagle", "eagle3") and not s.model:
         raise ValueError(f"method {s.method} needs speculative.model (the draft)")
-    if s.method == "ngram" and (s.prompt_lookup_min or 1) > (
-        s.prompt_lookup_max or s.prompt_lookup_min or 1
-    ):
+    ngrams = s.method == "ngram" or (s.tree is not None and s.tree.ngram_first)
+    if ngrams and (s.prompt_lookup_min or 1) > (s.prompt_lookup_max or s.prompt_lookup_min or 1):
         raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
     return s

@@ -38,9 +38,10 @@ import torch  # noqa: E402
 from _tree_bench_lib import Run, Sample, per_step, run, variant  # noqa: E402
 
 from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch  # noqa: E402
-from batchspec.engines.tree.drafting import replay  # noqa: E402
+from batchspec.engines.tree.drafting import Drafter, replay  # noqa: E402
 from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures  # noqa: E402
 from batchspec.engines.tree.eagle_head import TappedModel, load_head  # noqa: E402
+from batchspec.engines.tree.hybrid import NgramFirst  # noqa: E402
 from batchspec.engines.tree.ngram import NgramDrafter  # noqa: E402
 from batchspec.io.layout import OutDir  # noqa: E402
 from batchspec.measure.distill import load_target, split  # noqa: E402
@@ -62,7 +63,19 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--batches", default="1,8,16")
     ap.add_argument("--rows", type=int, default=16, help="held-out prompts run per batch size")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--lookup", default="1,4", help="n-gram bounds, min,max (every n-gram draft)")
     return ap.parse_args()
+
+
+def overrides(a: argparse.Namespace) -> list[str]:
+    """The job as benchmarked: its n-gram bounds (``--lookup``), max_tokens, output last."""
+    lo, hi = a.lookup.split(",")
+    return [
+        f"speculative.prompt_lookup_min={lo}",
+        f"speculative.prompt_lookup_max={hi}",
+        f"sampling.max_tokens={a.max_tokens}",
+        f"output.dir={a.output}",
+    ]
 
 
 def d1(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int, dict]:
@@ -78,41 +91,59 @@ def d1(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
         sums: dict[tuple[str, str], list[int]] = {}
         seen: dict[str, int] = {}
         scratch = growth_scratch(k, a.depth)  # the nodes a tree's growth feeds behind a row
+        lookup = (spec.speculative.prompt_lookup_min, spec.speculative.prompt_lookup_max)
         for r in held:
             dom = str(r.domain)
             seen[dom] = seen.get(dom, 0) + 1
             tapped.prefill(0, r.tokens)
             feats = tapped.take(0)
             tapped.release(0)
-            drafters = {
-                "head": EagleDrafter(head, StoredFeatures(feats), 1, len(r.tokens) + scratch),
-                "ngram": NgramDrafter(1, 4),
+            room = len(r.tokens) + scratch
+            drafters: dict[str, Drafter] = {
+                "head": EagleDrafter(head, StoredFeatures(feats), 1, room),
+                "ngram": NgramDrafter(*lookup),
+                "hybrid": NgramFirst(
+                    NgramDrafter(*lookup), EagleDrafter(head, StoredFeatures(feats), 1, room)
+                ),
             }
             if seen[dom] <= a.self_rows:
                 draft = target.layers_only(keep, 1, len(r.tokens) + scratch)
                 drafters["self"] = ModelDrafter(draft, target.vocab_size)
             for name, drafter in drafters.items():
                 got = replay(drafter, r.prompt, r.output, k, shape, len(r.output) + 1)
-                s = sums.setdefault((dom, name), [0, 0])
-                s[0] += sum(got.accepted) + len(got.accepted)
-                s[1] += len(got.accepted)
+                emitted, steps = sum(got.accepted) + len(got.accepted), len(got.accepted)
+                plain = len(r.output) - 1 - emitted  # steps that drafted nothing: plain ones
+                s = sums.setdefault((dom, name), [0, 0, 0, 0])
+                for i, v in enumerate((emitted, steps, len(r.output) - 1, steps + plain)):
+                    s[i] += v
         out[k] = {key: v[0] / v[1] if v[1] else float("nan") for key, v in sums.items()}
+        out[-k] = {key: v[2] / v[3] if v[3] else float("nan") for key, v in sums.items()}
     return out
 
 
-def print_d1(res: dict[int, dict]) -> dict[int, dict[str, float]]:
-    doms = sorted({d for v in res.values() for d, _ in v})
-    print("\nD1: tokens per verify step on held-out rows (replayed)")
-    print(f"{'domain':<12}" + "".join(f"{f'{n}@{k}':>12}" for k in res for n in DRAFTS))
-    for d in doms:
-        cells = [res[k].get((d, n), float("nan")) for k in res for n in DRAFTS]
-        print(f"{d:<12}" + "".join(f"{c:>12.2f}" for c in cells))
-    means = {k: {n: mean([v.get((d, n)) for d in doms]) for n in DRAFTS} for k, v in res.items()}
-    print(f"{'mean':<12}" + "".join(f"{means[k][n]:>12.2f}" for k in res for n in DRAFTS))
-    return means
+def print_d1(both: dict[int, dict]) -> dict[int, dict[str, float]]:
+    """Per verify step that drafted (the issue's D1), then per target forward (every step:
+    one that drafts nothing is a plain step, which flatters a drafter that often has none
+    in the first table, as n-gram trees do); returns the first's means per K."""
+    doms = sorted({d for v in both.values() for d, _ in v})
+    titles = {1: "tokens per verify step", -1: "tokens per target forward (every step)"}
+    means = {}
+    for sign, title in titles.items():
+        res = {k: v for k, v in both.items() if k * sign > 0}
+        print(f"\nD1: {title} on held-out rows (replayed)")
+        print(f"{'domain':<13}" + "".join(f"{f'{n}@{abs(k)}':>10}" for k in res for n in DRAFTS))
+        for d in doms:
+            cells = [res[k].get((d, n), float("nan")) for k in res for n in DRAFTS]
+            print(f"{d:<13}" + "".join(f"{c:>10.2f}" for c in cells))
+        got = {k: {n: mean([v.get((d, n)) for d in doms]) for n in DRAFTS} for k, v in res.items()}
+        print(f"{'mean':<13}" + "".join(f"{got[k][n]:>10.2f}" for k in res for n in DRAFTS))
+        means[sign] = {abs(k): v for k, v in got.items()}
+    return means[1]
 
 
-DRAFTS = ("head", "ngram", "self")
+DRAFTS = ("head", "ngram", "hybrid", "self")
+"""``hybrid``: n-gram trees where the trie continues the row, the head's elsewhere
+(``tree.ngram_first``)."""
 
 
 def mean(values: list[float | None]) -> float:
@@ -162,12 +193,17 @@ def d2(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
     for batch in [int(b) for b in a.batches.split(",")]:
         tree = {"max_depth": a.depth}
         plain_s = variant(spec, batch, tree)
-        ngram_s = variant(load_spec(a.job, [f"sampling.max_tokens={a.max_tokens}"]), batch, tree)
+        ngram_s = variant(load_spec(a.job, overrides(a)[:-1]), batch, tree)
         head_upd = {"method": "eagle3", "model": str(head_dir)}
         head_s = plain_s.model_copy(
             update={"speculative": plain_s.speculative.model_copy(update=head_upd)}
         )
+        hybrid_tree = head_s.speculative.tree.model_copy(update={"ngram_first": True})
+        hybrid_s = head_s.model_copy(
+            update={"speculative": head_s.speculative.model_copy(update={"tree": hybrid_tree})}
+        )
         order = [("plain", plain_s, 0), ("ngram", ngram_s, 4), ("head", head_s, 4)]
+        order.append(("hybrid", hybrid_s, 4))
         got: dict[str, list[float]] = {}
         ref = None
         for label, s, k in order + order[::-1]:
@@ -183,8 +219,10 @@ def d2(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
                   f"{r.seconds:.1f} s)", flush=True)  # fmt: skip
         rate = {k: statistics.mean(v) for k, v in got.items()}
         ratios[batch] = rate["head"] / rate["plain"]
+        ratios[-batch] = rate["hybrid"] / rate["plain"]
         print(f"batch {batch:>2}: head / plain {ratios[batch]:.2f}, ngram / plain "
-              f"{rate['ngram'] / rate['plain']:.2f}", flush=True)  # fmt: skip
+              f"{rate['ngram'] / rate['plain']:.2f}, hybrid / plain {ratios[-batch]:.2f}",
+              flush=True)  # fmt: skip
     return ratios
 
 
@@ -224,7 +262,7 @@ def per_depth(head_dir: Path, spec) -> None:
 
 def main() -> None:
     a = parse()
-    spec = load_spec(a.job, [f"sampling.max_tokens={a.max_tokens}", f"output.dir={a.output}"])
+    spec = load_spec(a.job, overrides(a))
     head_dir = Path(a.head or Path(a.output) / "drafts" / "eagle3")
     rows, _ = committed_rows(spec, OutDir(spec.output_dir), None)
     _, held = split(rows, a.holdout)
@@ -235,7 +273,8 @@ def main() -> None:
     z = ratios.get(1, float("nan"))
     x, y = means[8]["head"], means[8]["ngram"]
     print(f"head: mean tokens per verify step {x:.2f} at 8 nodes (n-gram trees {y:.2f}), "
-          f"tree engine with head / plain: {z:.2f} at batch 1")  # fmt: skip
+          f"tree engine with head / plain: {z:.2f} at batch 1 (n-gram first: "
+          f"{ratios.get(-1, float('nan')):.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -101,6 +101,10 @@ def test_missing_spec_file(tmp_path: Path) -> None:
             ["draft_layers needs method draft_model"],
         ),
         (
+            {"speculative": {"method": "ngram", "tree": {"ngram_first": True}}},
+            ["ngram_first needs method draft_model or eagle3"],
+        ),
+        (
             {"speculative": {"method": "draft_model", "tree": {"draft_layers": [0, 30]}}},
             ["speculative.tree.draft_layers", "layer 30 does not exist", "0..29"],
         ),

@@ -25,6 +25,7 @@ from conftest import CPU_BIND_ENV, job_dict
 from batchspec.engines.base import ListSource
 from batchspec.engines.tree.drafting import replay
 from batchspec.engines.tree.engine import TreeEngine
+from batchspec.engines.tree.hybrid import NgramFirst
 from batchspec.engines.tree.load import Target, open_drafter
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.weights import convert, llama_config, random_weights
@@ -36,6 +37,7 @@ VOCAB, CYCLE, MAX_LEN = 36, 6, 128
 NGRAM = {"num_speculative_tokens": 4, "adaptive": False, "tree": {"max_depth": 4}}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 4, "adaptive": False}
 DRAFT["tree"] = {"max_depth": 3, "draft_layers": [0]}
+NGRAM_FIRST = {**DRAFT, "tree": {**DRAFT["tree"], "ngram_first": True}}
 TINY = {
     "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
     "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": VOCAB,
@@ -185,7 +187,9 @@ def test_an_end_inside_an_accepted_path_ends_the_row_as_plain_decoding(end: str)
         assert (s.per_step_drafted, s.per_step_accepted) == ((2,), (2,))
 
 
-@pytest.mark.parametrize("speculative", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
+@pytest.mark.parametrize(
+    "speculative", [NGRAM, DRAFT, NGRAM_FIRST], ids=["ngram", "draft_model", "ngram_first"]
+)
 def test_greedy_trees_are_plain_decoding_and_replay_gives_their_counts(speculative) -> None:
     """The cycle model with louder layers (trees accepted in part) on random prompts: K=4
     rows identical to K=0 rows, and each row's drafter, replayed over its prompt and output,
@@ -203,6 +207,8 @@ def test_greedy_trees_are_plain_decoding_and_replay_gives_their_counts(speculati
     assert {r.finish_reason for r in tree} == {"stop", "length"}
     for r in tree:
         assert counts(r) == replayed(r, spec, model, 4)
+    if speculative is NGRAM_FIRST:  # both drafted: the trie where the output cycles
+        assert isinstance(eng.drafter, NgramFirst) and min(eng.drafter.chosen) > 0, eng.drafter
 
 
 class GeneratorSpy:
@@ -216,7 +222,9 @@ class GeneratorSpy:
         return self.real(device=device) if device is not None else self.real()
 
 
-@pytest.mark.parametrize("speculative", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
+@pytest.mark.parametrize(
+    "speculative", [NGRAM, DRAFT, NGRAM_FIRST], ids=["ngram", "draft_model", "ngram_first"]
+)
 def test_sampling_keeps_every_tensor_on_the_models_device(speculative, monkeypatch) -> None:
     """Sampled trees (seeded rows and rows on the engine's generator) with the default device
     set to ``meta``, where a tensor made without naming the model's device lands and has no

@@ -218,3 +218,56 @@ def test_ngram_draft_work_does_not_grow_with_the_context() -> None:
     assert 1 < tree.size <= 13
     # The suffix lookups (at most 3 + 2 + 1 tokens), the root, and 16 continuations of 6.
     assert CountingList.reads <= 6 + 1 + 16 * 6
+
+
+class RecordingDrafter:
+    """A model drafter's double (``NgramFirst``'s orchestration only): records what it is
+    told and drafts the chain root -> 99 for every ask."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def start(self, slot: int, prompt, twin=None) -> None:
+        self.calls.append(("start", slot, list(prompt)))
+
+    def extend(self, slot: int, tokens) -> None:
+        self.calls.append(("extend", slot, list(tokens)))
+
+    def draft(self, asks) -> list[DraftTree]:
+        self.calls.append(("draft", [a.slot for a in asks]))
+        return [DraftTree([0, 99], [-1, 0]) for _ in asks]
+
+    def release(self, slot: int) -> None:
+        self.calls.append(("release", slot))
+
+
+def test_ngram_first_drafts_from_the_trie_where_it_continues_else_from_the_model() -> None:
+    """Slot 0's suffix (1, 2) occurred before: its tree is the n-gram drafter's, exactly; slot
+    1's context never repeats: the model drafts it, alone in its call. Once slot 1's output
+    repeats its prompt, the trie drafts it too and the model is not called. The model sees
+    every start, extend and release (its state stays in step while it does not draft)."""
+    from batchspec.engines.tree.drafting import Ask
+    from batchspec.engines.tree.hybrid import NgramFirst
+    from batchspec.engines.tree.ngram import NgramDrafter
+
+    model, alone = RecordingDrafter(), NgramDrafter(1, 3)
+    hybrid = NgramFirst(NgramDrafter(1, 3), model)
+    prompts = {0: [1, 2, 3, 1, 2], 1: [5, 6, 7]}
+    for slot, prompt in prompts.items():
+        hybrid.start(slot, prompt)
+        alone.start(slot, prompt)
+    asks = [Ask(0, 4, 3), Ask(1, 4, 3)]
+    trees = hybrid.draft(asks)
+    assert trees[0] == alone.draft(asks[:1])[0] and trees[0].tokens[:2] == [2, 3]
+    assert trees[1] == DraftTree([0, 99], [-1, 0])
+    assert model.calls[-1] == ("draft", [1]) and hybrid.chosen == [1, 1]
+    hybrid.extend(1, [5, 6])
+    alone.extend(1, [5, 6])
+    assert hybrid.draft(asks[1:]) == alone.draft(asks[1:]) and hybrid.chosen == [2, 1]
+    hybrid.start(2, [4, 8, 4])  # one draft node from the trie is enough
+    assert hybrid.draft([Ask(2, 1, 1)])[0].tokens == [4, 8] and hybrid.chosen == [3, 1]
+    hybrid.release(0)
+    assert model.calls == [
+        ("start", 0, [1, 2, 3, 1, 2]), ("start", 1, [5, 6, 7]), ("draft", [1]),
+        ("extend", 1, [5, 6]), ("start", 2, [4, 8, 4]), ("release", 0),
+    ]  # fmt: skip

@@ -94,7 +94,9 @@ class TreeEngine:
 
     def _method(self, k: int) -> str:
         """The method recorded for rows decoded at K = ``k``."""
-        return "none" if k == 0 else f"{self.spec.speculative.method}-tree"
+        s = self.spec.speculative
+        hybrid = "+ngram" if s.tree is not None and s.tree.ngram_first else ""
+        return "none" if k == 0 else f"{s.method}{hybrid}-tree"
 
     def unit_k(self, unit: UnitRequests) -> int:
         """The K ``unit``'s rows decode at: its own, else the engine's."""

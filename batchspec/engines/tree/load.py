@@ -19,6 +19,7 @@ import torch
 from batchspec.engines.tree.drafter import growth_scratch, open_model_drafter
 from batchspec.engines.tree.drafting import Drafter
 from batchspec.engines.tree.eagle import open_eagle_drafter
+from batchspec.engines.tree.hybrid import NgramFirst
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.models import load_tokenizer, resolve_model
@@ -85,11 +86,14 @@ def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:
     tree = s.tree
     depth = max([tree.depth(), *(t.depth() for t in tree.per_domain.values())]) if tree else 1
     scratch = growth_scratch(k, depth)  # behind the longest row the target may hold
+    ngram = NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
     if s.method == "draft_model":
-        return open_model_drafter(spec, target, target.max_len + scratch)
-    if s.method == "eagle3":
-        return open_eagle_drafter(spec, target, target.max_len + scratch)
-    return NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
+        model = open_model_drafter(spec, target, target.max_len + scratch)
+    elif s.method == "eagle3":
+        model = open_eagle_drafter(spec, target, target.max_len + scratch)
+    else:
+        return ngram
+    return NgramFirst(ngram, model) if tree is not None and tree.ngram_first else model
 
 
 def bind_cpus() -> None:
