@@ -104,3 +104,33 @@ def test_sampled_rows_are_cut_to_the_tested_tokens_min_tokens_with_them(
     verify_mod.verify_sampled(r, samples=2, tokens=4, alpha=0.05)
     assert seen and all(s is not None for s in seen)
     assert {(s.max_tokens, s.min_tokens) for s in seen} == {(4, 4)}
+
+
+def test_a_check_of_runs_that_accepted_no_draft_is_inconclusive_not_a_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain and speculative rows identical, but the speculative engine accepted no draft
+    token: nothing speculation could change was tested, and verify must not say pass. One
+    accepted draft makes the same identical rows a pass."""
+    from batchspec.units import SpecStats
+
+    accepted = [0]
+
+    class Identical(EchoEngine):
+        def run(self, source: Any, should_abort: Any) -> Any:
+            while (unit := source.next_unit()) is not None:
+                spec = (
+                    SpecStats(1, 4, accepted[0], (1 - accepted[0], accepted[0])) if self.k else None
+                )
+                results = [RowResult(r, "x", 3, 2, "length", token_ids=[5, 6], spec=spec)
+                           for r in unit.rows]  # fmt: skip
+                yield type("Done", (), {"results": results})()
+
+    monkeypatch.setattr(verify_mod, "open_engine", lambda spec, k, lp: Identical([], k))
+    spec = load_spec(small_job(tmp_path, 2))
+    report = verify_mod.verify(spec, 6, 2, 2, 0.05, None, print)
+    assert report["checks"][0]["passed"] and report["drafts_accepted"] == 0
+    assert report["inconclusive"] and not report["passed"]
+    accepted[0] = 1
+    report = verify_mod.verify(spec, 6, 2, 2, 0.05, None, print)
+    assert report["passed"] and not report["inconclusive"] and report["drafts_accepted"] > 0

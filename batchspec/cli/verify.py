@@ -18,7 +18,7 @@ from batchspec.cli.common import (
 )
 
 EXIT_FAILED = 1
-"""Speculation changed the output (or the sample held nothing to test)."""
+"""Speculation changed the output, or the sample held nothing to test (no draft accepted)."""
 
 
 def _num(value: Any, fmt: str = ".3g") -> str:
@@ -133,6 +133,12 @@ def verify(
     path = write_report(spec.output_dir, report)
     click.echo(format_report(report))
     click.echo(f"report: {path}")
-    click.echo("verify: pass" if report["passed"] else "verify: FAIL")
+    if report["inconclusive"]:
+        click.echo(
+            "verify: INCONCLUSIVE: no draft token was accepted in these rows, so nothing "
+            "speculation could change was tested (more --rows or --tokens, or other prompts)"
+        )
+    else:
+        click.echo("verify: pass" if report["passed"] else "verify: FAIL")
     if not report["passed"]:
         sys.exit(EXIT_FAILED)

@@ -238,6 +238,10 @@ def verify(
         checks = verify_greedy(runner, near_tie, float32)
     else:
         checks = [verify_sampled(runner, samples, tokens, alpha)]
+    # A check of runs that accepted no draft token tested nothing speculation could change:
+    # not a pass (drafts that were never right, or prompts whose drafts never match).
+    accepted = sum(e["accepted"] for e in runner.engines if e["k"] > 0)
+    held = all(c["passed"] for c in checks)
     return {
         "created": time.time(),
         "engine": s.engine,
@@ -249,7 +253,9 @@ def verify(
         "samples_per_prompt": None if greedy else samples,
         "engines": runner.engines,
         "checks": checks,
-        "passed": all(c["passed"] for c in checks),
+        "drafts_accepted": accepted,
+        "inconclusive": held and accepted == 0,
+        "passed": held and accepted > 0,
     }
 
 
