@@ -139,6 +139,9 @@ def verify(
             "speculation could change was tested (more --rows or --tokens, or other prompts)"
         )
     else:
+        if report["domains_without_drafts"]:
+            names = ", ".join(report["domains_without_drafts"])
+            click.echo(f"note: no draft token accepted in {names}: not tested there")
         click.echo("verify: pass" if report["passed"] else "verify: FAIL")
     if not report["passed"]:
         sys.exit(EXIT_FAILED)

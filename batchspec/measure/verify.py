@@ -127,6 +127,9 @@ class _Runner:
             )
         self.echo = echo
         self.engines: list[dict[str, Any]] = []
+        self.accepted: dict[str, int] = {str(d): 0 for d in self.quota}
+        """Draft tokens accepted per domain over every speculative run: a domain at 0 was
+        not tested (its rows' outputs are the target's by construction)."""
 
     def both(self, spec: JobSpec, copies: int = 1) -> tuple[list[RowResult], list[RowResult]]:
         """The sampled rows (each ``copies`` times in a row) through an engine without
@@ -163,6 +166,8 @@ class _Runner:
             # Drafts the check covered: a check of a run that accepted none proves little.
             drafted = sum(r.spec.drafted for r in out if r.spec)
             accepted = sum(r.spec.accepted for r in out if r.spec)
+            for r in out if k else []:
+                self.accepted[str(r.request.domain)] += r.spec.accepted if r.spec else 0
             self.engines.append(
                 {"dtype": spec.model.dtype, "k": k, "method": engine.method, "rows": len(rows),
                  "domains": [str(d) for d in domains], "build_s": engine.build_s, "run_s": took,
@@ -254,6 +259,7 @@ def verify(
         "engines": runner.engines,
         "checks": checks,
         "drafts_accepted": accepted,
+        "domains_without_drafts": sorted(d for d, n in runner.accepted.items() if n == 0),
         "inconclusive": held and accepted == 0,
         "passed": held and accepted > 0,
     }
