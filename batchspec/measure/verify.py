@@ -245,7 +245,7 @@ def verify(
         checks = [verify_sampled(runner, samples, tokens, alpha)]
     # A check of runs that accepted no draft token tested nothing speculation could change:
     # not a pass (drafts that were never right, or prompts whose drafts never match).
-    accepted = sum(e["accepted"] for e in runner.engines if e["k"] > 0)
+    accepted = sum(runner.accepted.values())
     held = all(c["passed"] for c in checks)
     return {
         "created": time.time(),

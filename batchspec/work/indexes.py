@@ -98,10 +98,8 @@ class DoneIndex:
         workers, ~26,000 conflicts for 8 claims)."""
         if self.done(unit_id):
             return True
-        folder = self.out.part_dir(unit_id)
-        at, names = self._listed.get(folder, (-float("inf"), set()))
-        if time.monotonic() - at > LIST_S / 8:
-            self._listed[folder] = (-float("inf"), names)
+        folder, at, names = self._aged(unit_id)
+        self._listed[folder] = (at, names)
         return self.done(unit_id)
 
     def stale(self, unit_id: str) -> None:
@@ -109,11 +107,15 @@ class DoneIndex:
         the next look, unless the listing is younger than an eighth of ``LIST_S`` (a walk
         over units committed since, such as the stretch left to a worker ahead, then lists
         once instead of paying a claim attempt per unit: lease, stat, unlink)."""
+        folder, at, names = self._aged(unit_id)
+        self._listed[folder] = (at, names | {unit_id})
+
+    def _aged(self, unit_id: str) -> tuple[Path, float, set[str]]:
+        """The listing of a unit's directory, its time set to never (listed again at the next
+        look) unless it is younger than an eighth of ``LIST_S``."""
         folder = self.out.part_dir(unit_id)
         at, names = self._listed.get(folder, (-float("inf"), set()))
-        if time.monotonic() - at > LIST_S / 8:
-            at = -float("inf")
-        self._listed[folder] = (at, names | {unit_id})
+        return folder, (at if time.monotonic() - at <= LIST_S / 8 else -float("inf")), names
 
 
 class FailureLog:

@@ -31,7 +31,7 @@ class NgramFirst:
     def __init__(self, ngram: NgramDrafter, model: Drafter) -> None:
         self.ngram, self.model = ngram, model
         self.chosen = [0, 0]
-        """Trees drafted so far by the n-gram trie and by the model (for benchmarks)."""
+        """Trees drafted so far by the n-gram trie and by the model (tests check both drafted)."""
 
     def start(self, slot: int, prompt: Sequence[int], twin: int | None = None) -> None:
         self.ngram.start(slot, prompt, twin)
