@@ -6,6 +6,7 @@ The ``slurm_cluster`` fixture comes from tests/support/slurm/fixture.py (through
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -61,11 +62,27 @@ def logs(out: Path, job_id: str) -> dict[str, str]:
     return {p.stem: p.read_text() for p in (out / "slurm").glob(f"{job_id}_*.log")}
 
 
+def finisher_of(out: Path, array_id: str) -> str:
+    """The finisher job ``submit`` recorded after array ``array_id``."""
+    records = [json.loads(x) for x in (out / "slurm" / "jobs.jsonl").read_text().splitlines()]
+    (job_id,) = [r["job_id"] for r in records if r.get("after") == array_id]
+    return job_id
+
+
+def check_finisher(cluster, out: Path, array_id: str, state: str, verdict: str) -> None:
+    """The finisher after ``array_id`` ends in ``state``, its log ending on ``verdict``."""
+    finisher = finisher_of(out, array_id)
+    assert cluster.wait_for_jobs(finisher, timeout=120) == {finisher: state}
+    log = (out / "slurm" / f"{finisher}_finisher.log").read_text()
+    assert log.strip().splitlines()[-1].startswith(verdict), log
+
+
 def test_array_runs_survives_scancel_and_a_resubmit_completes_exactly_once(
     slurm_cluster, tmp_path: Path
 ) -> None:
     """A 2-task array, status while it runs, scancel, a resubmit that completes the input
-    exactly once, status once complete, and a scheduled resubmit that does nothing."""
+    exactly once, status once complete, and a scheduled resubmit that does nothing; the
+    finisher after each array fails while the run is incomplete and completes once it is."""
     job, ids = resume_job(tmp_path, rows=48, unit_rows=4, max_tokens=16)
     data = yaml.safe_load(job.read_text())
     data["execution"]["shutdown_grace_s"] = 2  # scancel signals the tasks: do not wait long
@@ -82,6 +99,7 @@ def test_array_runs_survives_scancel_and_a_resubmit_completes_exactly_once(
     assert set(states.values()) == {"CANCELLED"}, states
     committed = len(list((out / "parts").glob("*.parquet")))
     assert committed < 12
+    check_finisher(slurm_cluster, out, first, "FAILED", f"incomplete: {committed}/12 units")
     second = submit(slurm_cluster, job)
     states = slurm_cluster.wait_for_jobs(second, timeout=600)
     assert states == {f"{second}_0": "COMPLETED", f"{second}_1": "COMPLETED"}, states
@@ -89,8 +107,10 @@ def test_array_runs_survives_scancel_and_a_resubmit_completes_exactly_once(
     task_logs = logs(out, second)
     assert len(task_logs) == 2
     assert all("exit 0" in text for text in task_logs.values()), task_logs
-    done = batchspec(slurm_cluster, "status", str(out))
-    assert "complete" in done.stdout and "12/12 done" in done.stdout, done.stdout
+    check_finisher(slurm_cluster, out, second, "COMPLETED", "complete: 12/12 units committed")
+    done = batchspec(slurm_cluster, "slurm", "status", str(out), "--require-complete")
+    assert done.returncode == 0 and "12/12 done" in done.stdout, done.stdout
+    assert f"slurm job {finisher_of(out, second)} finisher: " in done.stdout
     print(running.stdout, done.stdout, sep="\n")  # shown with -s: the status while running
     # A scheduled rerun of the finished job (cron, scrontab) does nothing and says so.
     again = batchspec(slurm_cluster, "slurm", "submit", str(job), "--tasks", "2")

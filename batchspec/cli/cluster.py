@@ -17,11 +17,18 @@ from batchspec.cli.common import (
     user_errors,
     verbose_option,
 )
-from batchspec.cli.observe import existing_out, lease_timeout_option, out_argument, print_status
+from batchspec.cli.observe import (
+    existing_out,
+    lease_timeout_option,
+    out_argument,
+    print_status,
+    require_complete_option,
+)
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 
 if TYPE_CHECKING:
+    from batchspec.cluster.sbatch import SubmitOptions
     from batchspec.spec import JobSpec
 
 
@@ -103,10 +110,17 @@ def _slurm_time(_ctx: click.Context, _param: click.Parameter, value: str | None)
     show_default=True,
     help="Seconds before the limit that the task is told to stop.",
 )
+@click.option(
+    "--finisher/--no-finisher",
+    default=True,
+    show_default=True,
+    help="Also submit a job that runs once the array has ended and exits with the run's "
+    "verdict (0 only when complete): chain a pipeline on it with afterok.",
+)
 @output_option
 @limit_option
 @set_option
-@click.option("--dry-run", is_flag=True, help="Print the sbatch script, submit nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the sbatch script(s), submit nothing.")
 @verbose_option(expose=True)
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, callback=_sbatch_args)
 @user_errors
@@ -119,6 +133,7 @@ def slurm_submit(
     time_limit: str | None,
     account: str | None,
     signal_lead: int,
+    finisher: bool,
     output: str | None,
     limit: int | None,
     overrides: tuple[str, ...],
@@ -126,8 +141,9 @@ def slurm_submit(
     verbose: bool,
     sbatch_args: tuple[str, ...],
 ) -> None:
-    """Submit JOB as an array of TASKS workers; extra SBATCH_ARGS go to sbatch as they are."""
-    from batchspec.cluster.slurm import SubmitOptions, render_script, slurm_cmd, submit
+    """Submit JOB as an array of TASKS workers, and a finisher job after it; extra
+    SBATCH_ARGS go into the array's script, one #SBATCH line each."""
+    from batchspec.cluster.slurm import SubmitOptions, render_finisher, render_script, slurm_cmd
     from batchspec.work.worker import check_run, prepare_run
 
     spec = load_job(job, overrides, output)
@@ -149,10 +165,14 @@ def slurm_submit(
     if limit is not None:
         run_args += ["--limit", str(limit)]
     run_args += ["--verbose"] if verbose else []
+    # Both scripts are rendered (every value checked) before anything is written or queued.
     script = render_script(Path(job).resolve(), out, run_args, opts, max(1, gpus_per_task // tp))
+    after = render_finisher(out, opts) if finisher else None
     if dry_run:
         check_run(spec, limit)  # checked, but the output directory is left alone
         click.echo(script, nl=False)
+        if after is not None:
+            click.echo(f"{FINISHER_SEPARATOR}\n{after}", nl=False)
         return
     slurm_cmd("sbatch")  # no Slurm here: refused before the output directory is touched
     # Everything checked and the output directory bound before anything is queued.
@@ -160,10 +180,34 @@ def slurm_submit(
     if not todo:
         click.echo(f"nothing to do: every unit of {out} is committed; not submitted")
         return
+    _submit(script, after, out, opts, len(todo))
+
+
+FINISHER_SEPARATOR = (
+    "# ---- the finisher's script, submitted with --dependency=afterany:<the array's job id> ----"
+)
+
+
+def _submit(script: str, after: str | None, out: OutDir, opts: SubmitOptions, left: int) -> None:
+    """Submit the array, then its finisher; the array's job id is the last line printed."""
+    from batchspec.cluster.slurm import submit, submit_finisher
+
     job_id = submit(script, out, opts)
     click.echo(
-        f"submitted job {job_id}: {tasks} tasks, {len(todo)} units left, logs in {out.slurm}"
+        f"submitted job {job_id}: {opts.tasks} tasks, {left} units left, logs in {out.slurm}"
     )
+    if after is not None:
+        try:
+            finisher_id = submit_finisher(after, out, job_id)
+        except UserError as exc:
+            raise UserError(
+                f"job {job_id} is queued, but its finisher is not: {exc}; check the run with "
+                f"`batchspec status {out} --require-complete` once the array has ended"
+            ) from None
+        click.echo(
+            f"finisher job {finisher_id}: starts once job {job_id} has ended, exits 0 only if "
+            f"the run is complete (chain on it: --dependency=afterok:{finisher_id})"
+        )
     click.echo(job_id)
 
 
@@ -193,15 +237,19 @@ def _check_submit(
 @slurm.command(
     "status",
     short_help="Slurm task states and the run's status.",
-    epilog=examples("batchspec slurm status out/synth_data"),
+    epilog=examples(
+        "batchspec slurm status out/synth_data",
+        "batchspec slurm status out/synth_data --require-complete   # exit 0 only when complete",
+    ),
 )
 @out_argument
 @lease_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="The stable JSON form (README: status).")
+@require_complete_option
 @user_errors
-def slurm_status(out_dir: str, lease_timeout: float, as_json: bool) -> None:
+def slurm_status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:
     """Per-task Slurm state (squeue/sacct) and units done/leased/pending/failed."""
-    print_status(existing_out(out_dir), lease_timeout, as_json)
+    print_status(existing_out(out_dir), lease_timeout, as_json, require_complete)
 
 
 @click.group(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -23,24 +24,59 @@ def existing_out(out_dir: str) -> OutDir:
     return out
 
 
-def print_status(out: OutDir, lease_timeout: float, as_json: bool) -> None:
-    """``status`` and ``slurm status``: the run, then the Slurm tasks if it came from Slurm."""
+def print_status(
+    out: OutDir, lease_timeout: float, as_json: bool, require_complete: bool = False
+) -> None:
+    """``status`` and ``slurm status``: the run, then the Slurm jobs if it came from Slurm;
+    ``require_complete``: then the verdict (``work.completion``) as one line and the exit
+    code (0 complete, 3 units failed, 4 error rows, 5 incomplete)."""
     from batchspec.cluster.slurm import submitted_jobs, task_states
     from batchspec.observe.status import format_status, run_status, status_json
 
     st = run_status(out, lease_timeout)
     slurm = [
-        {"job_id": job["job_id"], "tasks": job["tasks"], "states": task_states(job["job_id"])}
+        {
+            "job_id": job["job_id"],
+            "tasks": job["tasks"],
+            "role": job["role"],
+            "states": task_states(job["job_id"]),
+        }
         for job in submitted_jobs(out)
     ]
     if as_json:
         click.echo(json.dumps(status_json(st, slurm), indent=2))
-        return
-    click.echo(format_status(st))
-    for job in slurm:
-        states = job["states"]
-        shown = ", ".join(f"{t}={s}" for t, s in sorted(states.items())) or "no longer known"
-        click.echo(f"slurm job {job['job_id']} ({job['tasks']} tasks): {shown}")
+    else:
+        click.echo(format_status(st))
+        for job in slurm:
+            states = job["states"]
+            shown = ", ".join(f"{t}={s}" for t, s in sorted(states.items())) or "no longer known"
+            what = "finisher" if job["role"] == "finisher" else f"({job['tasks']} tasks)"
+            click.echo(f"slurm job {job['job_id']} {what}: {shown}")
+    if require_complete:
+        _verdict(out, st.started, err=as_json)
+
+
+def _verdict(out: OutDir, started: bool, err: bool) -> None:
+    """The run's verdict in one line (on stderr beside JSON), and its exit code."""
+    from batchspec.work.completion import Exit, completion
+
+    if not started:  # a directory only tuned so far: no run has bound it yet
+        code = Exit.INCOMPLETE
+        click.echo(f"incomplete: no run has bound {out} yet (exit {int(code)})", err=err)
+    else:
+        verdict = completion(out)
+        code = verdict.exit_code
+        click.echo(verdict.line(), err=err)
+    if code:
+        sys.exit(int(code))
+
+
+require_complete_option = click.option(
+    "--require-complete",
+    is_flag=True,
+    help="Exit 0 only if every unit is committed without error rows; else 3 (units failed), "
+    "4 (error rows) or 5 (incomplete).",
+)
 
 
 lease_timeout_option = click.option(
@@ -57,15 +93,17 @@ lease_timeout_option = click.option(
     epilog=examples(
         "batchspec status out/synth_data",
         "batchspec status out/synth_data --json     # the stable form, for scripts",
+        "batchspec status out/synth_data --require-complete   # exit 0 only when complete",
     ),
 )
 @out_argument
 @lease_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="The stable JSON form (README: status).")
+@require_complete_option
 @user_errors
-def status(out_dir: str, lease_timeout: float, as_json: bool) -> None:
+def status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:
     """Units done / leased / pending / failed, rows, throughput, ETA and K per domain."""
-    print_status(existing_out(out_dir), lease_timeout, as_json)
+    print_status(existing_out(out_dir), lease_timeout, as_json, require_complete)
 
 
 @click.command(

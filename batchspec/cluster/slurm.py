@@ -3,125 +3,36 @@
 The tasks need nothing from each other or from a coordinator: they share the output
 directory (leases, atomic parts), so any task may die, be preempted and requeued, or be
 cancelled and resubmitted, and the run still ends with every row exactly once. The sbatch
-script is written into the output directory, readable and re-submittable by hand.
+script (``cluster.sbatch``) is written into the output directory, readable and
+re-submittable by hand; a finisher job after the array gives the run's verdict as its exit
+code, for pipelines that chain on it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import shutil
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from batchspec.cluster.sbatch import SubmitOptions, render_finisher, render_script, time_limit_s
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 
-
-@dataclass
-class SubmitOptions:
-    """What the user asked of Slurm (``batchspec slurm submit`` options)."""
-
-    tasks: int = 1
-    gpus_per_task: int = 0
-    cpus_per_task: int | None = None
-    partition: str | None = None
-    time: str | None = None
-    account: str | None = None
-    job_name: str | None = None
-    signal_lead_s: int = 120
-    """Seconds before the time limit at which the early-warning SIGTERM reaches the task."""
-    extra: list[str] = field(default_factory=list)
-    """Further sbatch options, written as they are."""
-
-
-def render_script(
-    job: Path, out: OutDir, run_args: list[str], opts: SubmitOptions, workers_per_task: int
-) -> str:
-    """The sbatch script: an array of workers of one run."""
-    # No terminal in a task: its log gets a progress line every --log-every seconds.
-    cmd = [sys.executable, "-m", "batchspec", "run", str(job), "--output", str(out), *run_args]
-    if workers_per_task > 1:
-        cmd += ["--workers", str(workers_per_task)]
-    lines = [
-        *_sbatch_options(opts, out.slurm),
-        "",
-        "# Written by `batchspec slurm submit`; submit again by hand with: sbatch <this file>",
-        "set -u",
-        'export BATCHSPEC_RUN_ID="slurm-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"',
-        'echo "batchspec task ${SLURM_ARRAY_TASK_ID:-0} of job ${SLURM_ARRAY_JOB_ID:-} '
-        'on $(hostname) gpus=${CUDA_VISIBLE_DEVICES:-none} start $(date -Is)"',
-        f"{shlex.join(cmd)} &",
-        "worker=$!",
-        "trap 'echo \"batchspec: SIGTERM, stopping the worker\"; kill -TERM $worker' TERM",
-        "wait $worker",
-        "rc=$?",
-        # wait returns early when the trap fires: wait again for the worker's own exit code.
-        "if kill -0 $worker 2>/dev/null; then wait $worker; rc=$?; fi",
-        'echo "batchspec task ${SLURM_ARRAY_TASK_ID:-0} exit $rc $(date -Is)"',
-        "exit $rc",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _sbatch_options(opts: SubmitOptions, log_dir: Path) -> list[str]:
-    """The script's header: the array, its logs, requeue, the early-warning signal."""
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={opts.job_name or 'batchspec'}",
-        f"#SBATCH --array=0-{opts.tasks - 1}",
-        f"#SBATCH --output={log_dir}/%A_%a.log",
-        "#SBATCH --open-mode=append",
-        # Requeued after node failure or preemption; the run resumes from its parts.
-        "#SBATCH --requeue",
-        # Early warning to the batch shell, which hands it to the worker: it stops claiming,
-        # finishes or hands back its units, and exits 0 before the limit kills it.
-        f"#SBATCH --signal=B:TERM@{opts.signal_lead_s}",
-    ]
-    if opts.gpus_per_task:
-        lines.append(f"#SBATCH --gres=gpu:{opts.gpus_per_task}")
-    if opts.cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={opts.cpus_per_task}")
-    for flag, value in (
-        ("partition", opts.partition),
-        ("time", opts.time),
-        ("account", opts.account),
-    ):
-        if value:
-            lines.append(f"#SBATCH --{flag}={value}")
-    lines += [f"#SBATCH {shlex.quote(x) if ' ' in x else x}" for x in opts.extra]
-    return lines
-
-
-TIME_FORMAT = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
-"""Slurm's ``--time``: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``."""
-
-
-def time_limit_s(text: str) -> int | None:
-    """Seconds of a Slurm ``--time`` value; None for no limit (``UNLIMITED``, ``INFINITE``,
-    0); ValueError for anything Slurm would refuse at submission."""
-    if text.strip().upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    m = TIME_FORMAT.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(
-            f"{text!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, "
-            "UNLIMITED)"
-        )
-    d, h, dm, ds, a, b, c = (int(x) if x else 0 for x in m.groups())
-    if m.group(1) is not None:
-        seconds = ((d * 24 + h) * 60 + dm) * 60 + ds
-    elif m.group(7) is not None:
-        seconds = (a * 60 + b) * 60 + c  # HH:MM:SS
-    else:
-        seconds = a * 60 + b  # MM or MM:SS
-    return seconds or None
+__all__ = [
+    "SubmitOptions",
+    "render_finisher",
+    "render_script",
+    "slurm_cmd",
+    "submit",
+    "submit_finisher",
+    "submitted_jobs",
+    "task_states",
+    "time_limit_s",
+]
 
 
 def slurm_cmd(name: str) -> str:
@@ -132,34 +43,72 @@ def slurm_cmd(name: str) -> str:
     return path
 
 
-def submit(script: str, out: OutDir, opts: SubmitOptions) -> str:
-    """Write the script into OUT/slurm/, sbatch it, record the job; returns the job id."""
+def _sbatch(out: OutDir, script: str, name: str, *options: str) -> tuple[Path, str]:
+    """Write ``script`` as ``OUT/slurm/<name>`` and sbatch it with ``options``; returns the
+    script's path and the job id."""
     sbatch = slurm_cmd("sbatch")  # before anything is written
-    log_dir = out.slurm
-    log_dir.mkdir(parents=True, exist_ok=True)
-    path = log_dir / f"submit-{time.strftime('%Y%m%dT%H%M%S')}.sbatch"
+    out.slurm.mkdir(parents=True, exist_ok=True)
+    path = out.slurm / name
     path.write_text(script)
     path.chmod(0o755)
-    result = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
+    result = subprocess.run(
+        [sbatch, "--parsable", *options, str(path)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         said = " / ".join((result.stderr or result.stdout).strip().splitlines())
         raise UserError(f"sbatch refused {path}: {said}")
     job_id = result.stdout.strip().split(";")[0]
+    if not job_id.isdigit():  # it goes into a --dependency and a record
+        raise UserError(f"sbatch submitted {path} but printed no job id: {result.stdout!r}")
+    return path, job_id
+
+
+def _record(out: OutDir, entry: dict[str, Any]) -> None:
+    """One line of ``OUT/slurm/jobs.jsonl``: what ``slurm status`` asks Slurm about."""
     with open(out.slurm_jobs, "a") as fh:
-        fh.write(
-            json.dumps(
-                {"job_id": job_id, "script": str(path), "tasks": opts.tasks, "time": time.time()}
-            )
-            + "\n"
-        )
+        fh.write(json.dumps(entry | {"time": time.time()}) + "\n")
+
+
+def submit(script: str, out: OutDir, opts: SubmitOptions) -> str:
+    """Write the array's script into OUT/slurm/, sbatch it, record the job; returns its id."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    path, job_id = _sbatch(out, script, f"submit-{stamp}.sbatch")
+    _record(out, {"job_id": job_id, "script": str(path), "tasks": opts.tasks, "role": "array"})
     return job_id
 
 
-def submitted_jobs(out: OutDir) -> list[dict]:
+def submit_finisher(script: str, out: OutDir, array_id: str) -> str:
+    """Submit the finisher (``sbatch.render_finisher``) to start once every task of
+    ``array_id`` has ended, however it ended (``afterany``); record it; returns its id."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    path, job_id = _sbatch(
+        out, script, f"submit-{stamp}-finisher.sbatch", f"--dependency=afterany:{array_id}"
+    )
+    _record(
+        out,
+        {"job_id": job_id, "script": str(path), "tasks": 1, "role": "finisher", "after": array_id},
+    )
+    return job_id
+
+
+def submitted_jobs(out: OutDir) -> list[dict[str, Any]]:
+    """The jobs ``submit`` recorded (``role``: ``array``, or ``finisher`` with ``after``, the
+    array it follows); a damaged record is refused, naming the file and line."""
     path = out.slurm_jobs
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    jobs = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            job = json.loads(line)
+            jobs.append(
+                {"role": "array", **job, "job_id": str(job["job_id"]), "tasks": int(job["tasks"])}
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UserError(f"{path}: line {n} is not a job record ({exc})") from None
+    return jobs
 
 
 def task_states(job_id: str) -> dict[str, str]:

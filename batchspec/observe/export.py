@@ -25,7 +25,6 @@ Parts are read through ``scan.conform``: columns a part was written without read
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import groupby
@@ -39,10 +38,9 @@ import pyarrow.parquet as pq
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
-from batchspec.io.manifest import input_fingerprint, read_manifest
-from batchspec.io.planner import plan_units
 from batchspec.io.staging import READ_BUFFER
 from batchspec.io.writer import output_schema
+from batchspec.observe.record import check_finished, load_job_record, planned_units
 from batchspec.observe.scan import read_part
 from batchspec.units import WorkUnit
 
@@ -107,47 +105,6 @@ def dataset_columns(job: dict[str, Any], files: list[Path], prompts: bool) -> Co
         schema = schema.insert(at, pa.field(prompt, types.field(prompt).type))
     n = job["spec"].get("sampling", {}).get("n", 1)
     return Columns(inp["id_column"], inp.get("domain_column"), prompt, schema, n)
-
-
-def load_job_record(out: OutDir) -> dict[str, Any]:
-    try:
-        return json.loads(out.job_record.read_text())
-    except FileNotFoundError:
-        raise UserError(
-            f"{out.job_record}: missing (written by batchspec run since this version); run "
-            "`batchspec run JOB --output OUT` once (a finished run only records the job)"
-        ) from None
-
-
-def planned_units(out: OutDir, job: dict[str, Any]) -> list[WorkUnit]:
-    """The run's units, planned again from its input; refused if the input changed."""
-    manifest = read_manifest(out)
-    if manifest is None:
-        raise UserError(f"{out}: no batchspec run here (no manifest.json)")
-    files = [Path(f) for f in job["input_files"]]
-    for f in files:
-        if not f.exists():
-            raise UserError(f"{f}: input file of this run is gone; export needs it for the order")
-    if input_fingerprint(files) != manifest.input_fingerprint:
-        raise UserError(f"{files[0].parent}: the input changed since the run; refusing to export")
-    spec = job["spec"]
-    units = plan_units(
-        files, spec["output"]["unit_rows"], spec["input"]["domain_column"], job["limit"]
-    )
-    if len(units) != manifest.num_units:
-        raise UserError(f"{out}: {len(units)} units planned now, the run had {manifest.num_units}")
-    return units
-
-
-def check_finished(out: OutDir, units: list[WorkUnit], allow_unfinished: bool) -> None:
-    done = out.committed_units()
-    missing = [u for u in units if u.unit_id not in done]
-    if missing and not allow_unfinished:
-        rows = sum(u.num_rows for u in missing)
-        raise UserError(
-            f"{out}: unfinished run: {len(units) - len(missing)} of {len(units)} units committed "
-            f"({rows} rows missing); finish it with batchspec run, or pass --allow-unfinished"
-        )
 
 
 class _Rows:
@@ -309,9 +266,9 @@ def export_dataset(
     ``prompts``: the input's prompt (or messages) column beside the generation."""
     from batchspec.observe.card import dataset_card
     from batchspec.observe.report import format_domain_table, full_report
-    from batchspec.observe.shards import ShardWriter, clear_dest, discard, publish, staging_dir
+    from batchspec.observe.shards import ShardWriter, check_dest, discard, publish, staging_dir
 
-    clear_dest(dest)
+    check_dest(dest)  # before anything is read or written
     job = load_job_record(out)
     units = planned_units(out, job)
     check_finished(out, units, allow_unfinished)
@@ -327,6 +284,11 @@ def export_dataset(
         chunks = ordered_chunks(out, units, cols)
         unmeasured = _write_rows(writer, chunks, include_errors, result)
         shards = writer.close()
+        if not writer.rows and result.error_rows and not include_errors:
+            raise UserError(
+                f"{out}: every committed row is an error row ({result.error_rows}); nothing "
+                "left to export with --drop-errors (`run --retry-errors` generates them again)"
+            )
         result.rows = writer.rows
         result.shards = len(shards)
         result.bytes = sum(p.stat().st_size for p in shards)

@@ -10,7 +10,9 @@ whole: DEST is complete or absent, and never overwritten.
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,6 +57,8 @@ class ShardWriter:
         self.statistics = statistics_columns(schema)
 
     def write(self, table: pa.Table) -> None:
+        if not table.num_rows:  # a chunk whose rows were all left out: Parquet has no empty group
+            return
         self._pending.append(table.cast(self.schema))
         self._pending_bytes += table.nbytes
         rows = sum(t.num_rows for t in self._pending)
@@ -120,10 +124,31 @@ def clear_dest(dest: Path) -> None:
         raise UserError(f"{dest}: exists and is not empty; export to a new folder")
 
 
+def check_dest(dest: Path) -> None:
+    """DEST must be new (or an empty folder), and its folder one this process can create and
+    write in (the dataset is built beside DEST and renamed into place): tried by making (and
+    removing) a folder there, since permission bits do not tell (root, read-only mounts,
+    /proc). Refused in one line before export reads or writes anything."""
+    clear_dest(dest)
+    where = dest.absolute().parent
+    while not os.path.lexists(where) and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise UserError(f"--to {dest}: lies under {where}, which is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".batchspec-probe-", dir=where))
+    except OSError as exc:
+        raise UserError(f"--to {dest}: cannot be created in {where} ({exc.strerror})") from None
+
+
 def staging_dir(dest: Path) -> Path:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(dest)
-    (tmp / "data").mkdir(parents=True)
+    """The folder the dataset is built in, beside DEST (renamed into place by ``publish``)."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(dest)
+        (tmp / "data").mkdir(parents=True)
+    except OSError as exc:
+        raise UserError(f"--to {dest}: cannot be created ({exc.strerror})") from None
     return tmp
 
 

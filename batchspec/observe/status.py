@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from batchspec.errors import UserError
-from batchspec.io.layout import OutDir
+from batchspec.io.layout import PART_SUFFIX, OutDir
 from batchspec.io.manifest import read_manifest
 from batchspec.observe.report import ControllerView, controller_view
 from batchspec.work.leases import Holder, LeaseDir
@@ -79,9 +79,27 @@ def _lease_rows(out: OutDir, lease_timeout_s: float) -> dict[str, int]:
     return rows
 
 
+def _rows_committed(parts: list[Path]) -> int:
+    """Rows in committed parts, from their footers. A part that is not Parquet (damaged, or
+    overwritten) is refused, naming it, as ``report`` and ``export`` refuse it: a count
+    that silently skipped it would call an unreadable dataset complete."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for path in parts:
+        try:
+            rows += pq.ParquetFile(path).metadata.num_rows
+        except FileNotFoundError:
+            continue  # replaced under us (--retry-errors): its new version is counted next time
+        except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
+            raise UserError(f"{path}: not a readable Parquet part ({exc})") from None
+    return rows
+
+
 def _units(st: RunStatus, out: OutDir, lease_timeout_s: float) -> None:
-    done = out.committed_units()
-    st.rows_done = out.rows_committed()
+    parts = out.part_files()
+    done = {p.name[: -len(PART_SUFFIX)] for p in parts}
+    st.rows_done = _rows_committed(parts)
     st.units_done = len(done)
     leases = LeaseDir(out, lease_timeout_s)
     finished = _lease_rows(out, lease_timeout_s)
@@ -128,6 +146,7 @@ def check_output_dir(out: OutDir) -> None:
             f"{out}: no batchspec run here (no manifest.json or tuning.json): not an output "
             "directory of batchspec run or tune"
         )
+    read_manifest(out)  # a damaged one (empty, truncated) is refused here, in one line
 
 
 def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
