@@ -321,6 +321,12 @@ class JobSpec(_Section):
     def content_hash(self) -> str:
         """Hash of every key that decides the rows and their distribution: all but
         ``OUTPUT_NEUTRAL``. An output directory is bound to it."""
+        blob = json.dumps(self.hashed_content(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def hashed_content(self) -> dict[str, Any]:
+        """What ``content_hash`` hashes, as JSON data: the manifest keeps it, so that a run
+        refused for another spec can name the keys that differ."""
         exclude: dict[str, Any] = {}
         for dotted in OUTPUT_NEUTRAL:
             section, _, key = dotted.partition(".")
@@ -333,5 +339,4 @@ class JobSpec(_Section):
             # Rows sample with seeds derived from it: a new derivation is another sample, and
             # an output directory must not mix the two.
             data["sampling"]["row_seeds"] = ROW_SEEDS
-        blob = json.dumps(data, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return data

@@ -170,11 +170,26 @@ def phases(reports: list[dict], speed: float) -> dict[str, list[int]]:
     return out
 
 
+def bind(root: Path, units: int, rows: int) -> None:
+    """The manifest a run's first worker writes (``worker.prepare_run``), with the parts layout
+    every worker reads from it; a version before the record chooses it (``choose_layout``)."""
+    try:
+        from batchspec.io.layout import layout_for
+        from batchspec.io.manifest import Manifest, claim_output_dir
+    except ImportError:
+        return
+    manifest = Manifest(
+        "sim", "sim", None, units, units * rows, time.time(), "sim", parts_layout=layout_for(units)
+    )
+    claim_output_dir(OutDir(root), manifest)
+
+
 def simulate(cfg: dict) -> dict:
     """Run one fleet and add up what its processes counted."""
     root = Path(cfg["out"])
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    bind(root, cfg["units"], cfg["rows"])
     names = [f"w{i:05d}" for i in range(cfg["workers"])]
     procs = max(1, min(cfg["procs"], cfg["workers"]))
     t0 = time.time() + 1.0 + 0.002 * cfg["workers"]

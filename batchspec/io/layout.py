@@ -5,11 +5,11 @@ them, and between them and ``status``, ``report`` and later runs. Every module a
 for a path rather than joining names of its own::
 
     OUT/
-      manifest.json   spec hash, input fingerprint, limit, units: binds the directory to one run
+      manifest.json   spec hash (and keys), input fingerprint, limit, units, unit id scheme,
+                      parts layout: binds the directory to one run
       parts/          one Parquet file per committed work unit (<unit_id>.parquet); in a run
                       of FANOUT_UNITS units or more, fanned out into subdirectories of about
-                      BUCKET_UNITS consecutive units each (parts/<bucket>/<unit_id>.parquet,
-                      marked by parts/.fanout)
+                      BUCKET_UNITS consecutive units each (parts/<bucket>/<unit_id>.parquet)
       leases/         claims of units in flight (<unit_id>.lease), and one record per running
                       worker (<worker>.progress.json), rewritten every heartbeat and at each
                       commit: the heartbeat of all its leases, and its progress record
@@ -28,11 +28,13 @@ for a path rather than joining names of its own::
       staged/         input files with large row groups, copied once into one row group per
                       unit (<stem>-<key>/s<first row>.parquet) so a unit read costs its rows
 
-Fan-out is chosen once per directory, when its first run binds it (``choose_layout``): a
-directory holding flat parts stays flat, so directories of earlier versions read and resume as
-they are; every reader goes through ``part``, ``part_files`` and ``committed_units``, which know
-both layouts. (A worker of a version before fan-out must not run into a fanned-out directory:
-it would not see the parts there.)
+The parts layout is recorded in the manifest that binds the directory (written once,
+atomically) and read from there by everyone, never probed: a worker that missed a mark file
+(a stale negative lookup on NFS) would commit a second copy under the other layout's name.
+Only the recorded layout is listed (``stray_parts``: never read). An older batchspec refuses
+such a directory before any write (``Manifest(**json)`` raises on the new keys: "unreadable run
+manifest", exit 2). A legacy manifest (no record) keeps the old rule: ``parts/.fanout`` marks
+the layout, chosen by the first run (``choose_layout``), and both layouts are listed.
 
 Files being written are dot-named temporaries beside their final name (``temp_name``), carrying
 the writer's host and pid, so that one left behind by a kill can be told from one still in use.
@@ -52,7 +54,8 @@ PART_SUFFIX = ".parquet"
 LEASE_SUFFIX = ".lease"
 HEARTBEAT_SUFFIX = ".progress.json"
 TEMP_SUFFIX = ".tmp"
-FANOUT_MARK = ".fanout"
+FANOUT_MARK = ".fanout"  # a fanned-out parts/ in a legacy directory (no recorded layout)
+FLAT, FANOUT = "flat", "fanout"
 FANOUT_UNITS = 4096
 """Runs of this many units or more fan their parts out into subdirectories."""
 BUCKET_UNITS = 1024
@@ -70,6 +73,11 @@ def bucket_of(unit_id: str) -> str:
     file, start, stop = (int(g) for g in m.groups())
     span = max(stop - start, 1) * BUCKET_UNITS
     return f"f{file:04d}-b{start // span:06d}"
+
+
+def layout_for(num_units: int) -> str:
+    """The parts layout of a run of ``num_units`` units, recorded in its manifest."""
+    return FANOUT if num_units >= FANOUT_UNITS else FLAT
 
 
 def host_tag() -> str:
@@ -123,8 +131,8 @@ class OutDir:
         self.root = Path(root)
         self._part_rows: dict[str, int] = {}
         """Row counts of parts already read, by file name (a part's row count never changes)."""
-        self._fanout: bool | None = None
-        """Whether parts/ is fanned out, once known (a directory never changes layout)."""
+        self._layout: tuple[bool, bool] | None = None
+        """(fanned out, recorded by the manifest), once known: it never changes."""
 
     def __repr__(self) -> str:
         return f"OutDir({str(self.root)!r})"
@@ -144,22 +152,34 @@ class OutDir:
 
     @property
     def fanout(self) -> bool:
-        """Whether parts are fanned out: asked of the directory once (its first run chose,
-        ``choose_layout``, before any part was written or any worker read one)."""
-        if self._fanout is None:
-            self._fanout = (self.parts / FANOUT_MARK).exists()
-        return self._fanout
+        """Whether parts are fanned out, as the manifest records (legacy: the mark)."""
+        return self._known_layout()[0]
+
+    def _known_layout(self) -> tuple[bool, bool]:
+        """(fanned out, recorded), from the manifest once there (a damaged one: UserError)."""
+        if self._layout is None:
+            from batchspec.io.manifest import read_manifest  # it names paths through OutDir
+
+            manifest = read_manifest(self)
+            if manifest is None or manifest.parts_layout is None:  # unbound, or legacy
+                known = ((self.parts / FANOUT_MARK).exists(), False)
+                if manifest is None:
+                    return known  # asked again once a run binds the directory
+                self._layout = known
+            else:
+                self._layout = (manifest.parts_layout == FANOUT, True)
+        return self._layout
 
     def choose_layout(self, num_units: int) -> None:
-        """At a run's start: fan parts out if the run is large and no flat part is there yet
-        (every worker of a run decides alike; the mark makes it the directory's for good)."""
-        if self.fanout or num_units < FANOUT_UNITS:
+        """Legacy: fan out a large run's parts unless flat ones are there (recorded: kept)."""
+        fanout, recorded = self._known_layout()
+        if recorded or fanout or num_units < FANOUT_UNITS:
             return
         self.parts.mkdir(parents=True, exist_ok=True)
         if any(p.is_file() for p in self.parts.glob(f"*{PART_SUFFIX}")):
             return
         create_mark(self.parts / FANOUT_MARK)
-        self._fanout = True
+        self._layout = (True, False)
 
     def part_dir(self, unit_id: str) -> Path:
         """The directory a unit's part is committed in."""
@@ -275,8 +295,7 @@ class OutDir:
         return self.staged / f"{name}.lock"
 
     def temp_dirs(self) -> list[Path]:
-        """Where writers leave temporaries: the root (manifest), parts/ (and its
-        subdirectories) and staged/."""
+        """Where writers leave temporaries: the root, parts/ (and buckets), staged/."""
         return [self.root, self.parts, *self._buckets(), self.staged]
 
     def _buckets(self) -> list[Path]:
@@ -287,13 +306,29 @@ class OutDir:
     # -- what is committed --------------------------------------------------------------------
 
     def part_files(self) -> list[Path]:
-        """Committed parts, sorted by unit id (temporary files are dot-named and left out)."""
+        """Committed parts of the recorded layout (legacy: both), sorted by unit id
+        (temporary files are dot-named and left out)."""
         if not self.parts.is_dir():
             return []
-        found = [p for p in self.parts.glob(f"*{PART_SUFFIX}") if not p.name.startswith(".")]
+        fanout, recorded = self._known_layout()
+        found = [] if fanout and recorded else self._flat_parts()
         for folder in self._buckets():
             found += [folder / f"{u}{PART_SUFFIX}" for u in self.parts_in(folder)]
         return sorted(found, key=lambda p: p.name)
+
+    def _flat_parts(self) -> list[Path]:
+        return list(self.parts.glob(f"[!.]*{PART_SUFFIX}"))
+
+    def stray_parts(self) -> list[Path]:
+        """Parts outside the recorded layout (copied by hand, or a writer that got it wrong):
+        never listed, so never read; their units are generated again in place."""
+        fanout, recorded = self._known_layout()
+        if not recorded or not self.parts.is_dir():
+            return []
+        if fanout:
+            return sorted(self._flat_parts())
+        found = self.parts.glob(f"*/[!.]*{PART_SUFFIX}")
+        return sorted(p for p in found if p.parent.name[0] != ".")
 
     def committed_units(self) -> set[str]:
         """Unit ids whose part is in place under its final name."""

@@ -63,6 +63,7 @@ def plan_units(
     ``limit`` keeps only the first ``limit`` rows of the whole input (files in order).
     """
     units: list[WorkUnit] = []
+    chunks: list[tuple[int, str, int, int, str | None, int]] = []  # units once domains are known
     remaining = limit
     for index, path in enumerate(files):
         if remaining is not None and remaining <= 0:
@@ -85,5 +86,29 @@ def plan_units(
         for start, stop, counts in _domains_by_chunk(pf, domain_column, unit_rows, num_rows):
             # Sorted so that the order of units never depends on hash order.
             for domain in sorted(counts, key=lambda d: (d is None, d or "")):
-                units.append(WorkUnit(index, str(path), start, stop, domain, counts[domain]))
+                chunks.append((index, str(path), start, stop, domain, counts[domain]))
+    units += with_domain_indexes(chunks)
+    check_unique_ids(units, "input.path", "a batchspec bug: please report it")
     return units
+
+
+def with_domain_indexes(chunks: list[tuple[int, str, int, int, str | None, int]]) -> list[WorkUnit]:
+    """Units of (file, path, start, stop, domain, rows), each with its domain's index among the
+    plan's distinct domains, sorted: what makes unit ids unique by construction."""
+    names = sorted({c[4] for c in chunks if c[4] is not None})
+    index: dict[str | None, int | None] = {name: i for i, name in enumerate(names)}
+    index[None] = None
+    return [WorkUnit(*c, domain_index=index[c[4]]) for c in chunks]
+
+
+def check_unique_ids(units: list[WorkUnit], where: str, fix: str) -> None:
+    """Refuse a plan in which two units share an id, in one line: the second one's claim would
+    find the first one's part, answer "committed", and its rows would be lost. One pass."""
+    seen: dict[str, WorkUnit] = {}
+    for u in units:
+        first = seen.setdefault(u.unit_id, u)
+        if first is not u:
+            raise UserError(
+                f"{where}: the work units of domains {first.domain!r} and {u.domain!r} share "
+                f"the id {u.unit_id}; {fix}"
+            )

@@ -304,8 +304,8 @@ def prepare_run(
     job on the engine it runs on (``check_run``)."""
     pre, manifest, routed = check_run(spec, limit)
     out = OutDir(spec.output_dir)
-    claim_output_dir(out, manifest)
-    out.choose_layout(len(pre.units))  # parts fanned out in large runs
+    bound = claim_output_dir(out, manifest)  # with the parts layout it records
+    pre.units = bound.named_units(out, pre.units)  # ids as its parts carry them (legacy)
     clean_stale_temps(out, spec.execution.lease_timeout_s)
     done = out.committed_units()
     errors = units_with_errors(out) if retry_errors else set()
