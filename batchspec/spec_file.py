@@ -39,10 +39,52 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise UserError(f"--set {item!r}: empty key")
     try:
-        return key, yaml.safe_load(raw) if raw.strip() else ""
+        return key, load_yaml(raw, f"--set {item}", tuple(key.split("."))) if raw.strip() else ""
     except yaml.YAMLError as exc:
         problem = exc.__class__.__name__
         raise UserError(f"--set {key}: value is not valid YAML ({problem})") from None
+
+
+def load_yaml(text: str, source: str, at: tuple[str, ...] = ()) -> Any:
+    """``text`` as YAML (safe types only), refusing a key given twice in one mapping: PyYAML
+    keeps the last silently, so a second ``sampling:`` section would replace the first.
+    ``at``: the key path the text is the value of (a ``--set``)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _no_repeated_keys(node, source, at, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _no_repeated_keys(node: yaml.Node, source: str, at: tuple[str, ...], seen: set[int]) -> None:
+    """A UserError naming the first key given twice at any depth, with both lines. ``seen``:
+    nodes already walked (an alias repeats a node; it is checked once)."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _no_repeated_keys(item, source, (*at, str(i)), seen)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    lines: dict[tuple[str, str], int] = {}
+    for key, value in node.value:
+        name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+        if key.tag != "tag:yaml.org,2002:merge":  # ``<<: *base`` may be overridden by design
+            line = key.start_mark.line + 1
+            if (key.tag, name) in lines:
+                first = lines[key.tag, name]
+                said = f"lines {first} and {line}" if first != line else f"both on line {line}"
+                raise UserError(
+                    f"{source}: {'.'.join((*at, name))}: given twice ({said}); the second "
+                    "would silently replace the first"
+                )
+            lines[key.tag, name] = line
+        _no_repeated_keys(value, source, (*at, name), seen)
 
 
 Override = tuple[tuple[str, ...], str]
@@ -88,7 +130,7 @@ def format_validation_error(
     the file ``source`` or on the ``--set`` that gave the value."""
     parts, last = [], None
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -101,7 +143,8 @@ def format_validation_error(
                 msg += f" (got {shown})"
         blame = _blame(err["loc"], file_data or {}, overrides or [])
         origin = blame if blame.startswith("--set") else f"{source} {blame}".strip()
-        parts.append(f"{loc}: {msg}" if origin == last else f"{origin}: {loc}: {msg}")
+        said = f"{loc}: {msg}" if loc else msg  # a rule across sections names its keys
+        parts.append(said if origin == last else f"{origin}: {said}")
         last = origin
     return "; ".join(parts)
 
@@ -110,11 +153,22 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     """Read, override and validate a job spec; every failure is a one-line UserError."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{path}: cannot read job spec ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{path}: not a text file (byte {exc.object[exc.start]:#04x} at offset {exc.start} "
+            "is not UTF-8); a job spec is YAML"
+        ) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, str(path))
+    except yaml.reader.ReaderError as exc:
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise UserError(
+            f"{path}: not a text file (control character {code:#04x} at offset {exc.position});"
+            " a job spec is YAML"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -4,7 +4,11 @@ would otherwise make only once an engine is up."""
 
 from __future__ import annotations
 
+import difflib
+import re
 from typing import Any
+
+from batchspec.vllm_names import LLM_KEYWORDS, QUANTIZATION_METHODS, VLLM_VERSION
 
 OUTPUT_NEUTRAL: frozenset[str] = frozenset(
     {
@@ -104,3 +108,59 @@ def checked_k_grid(ks: list[int]) -> list[int]:
     if not ks or any(not 0 <= k <= 64 for k in ks):
         raise ValueError("k_grid must be a non-empty list of K in 0..64")
     return sorted(set(ks))
+
+
+def known_to_vllm(given: dict[str, Any]) -> dict[str, Any]:
+    """``model.engine_kwargs`` as given, or a ValueError naming its first key that ``vllm.LLM``
+    does not take, or a ``quantization`` vLLM does not know: vLLM refuses either only once its
+    engine starts, a minute later (``vllm_names``: the names, without importing vLLM)."""
+    for key in given:
+        if key not in LLM_KEYWORDS:
+            near = difflib.get_close_matches(key, LLM_KEYWORDS, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ValueError(f"{key!r} is not a vllm.LLM keyword (vLLM {VLLM_VERSION}){hint}")
+    method = given.get("quantization")
+    if method is not None and method not in QUANTIZATION_METHODS:
+        near = difflib.get_close_matches(str(method), QUANTIZATION_METHODS, n=3)
+        hint = f" (close: {', '.join(near)})" if near else ""
+        raise ValueError(f"quantization {method!r} is not one of vLLM's quantization methods{hint}")
+    return given
+
+
+def room_for_a_prompt(max_tokens: int, max_model_len: int | None) -> None:
+    """A ValueError when ``max_tokens`` fills the whole context: no prompt would fit, every
+    row would be an error row (a model's own length is checked against its config in
+    ``io.model_checks``)."""
+    if max_model_len is not None and max_tokens >= max_model_len:
+        raise ValueError(
+            f"sampling.max_tokens: {max_tokens} leaves no room for a prompt in "
+            f"model.max_model_len {max_model_len}"
+        )
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+MAX_NAME = 64
+"""A job name becomes a Slurm job name (an ``#SBATCH`` line) and may name files: letters,
+digits, ``.``, ``_``, ``+`` and ``-`` (``cluster.sbatch.WORD``), starting with a letter or digit
+(no path, no newline)."""
+
+
+def safe_name(name: str | None) -> str | None:
+    """``name`` as it is, or a ValueError saying what makes it unsafe as a file or job name."""
+    if name is None:
+        return name
+    if len(name) > MAX_NAME:
+        raise ValueError(f"at most {MAX_NAME} characters, got {len(name)}")
+    if not NAME.fullmatch(name):
+        raise ValueError(
+            "letters, digits, '.', '_', '+' and '-' only, starting with a letter or digit (it "
+            "names the Slurm job and files)"
+        )
+    return name
+
+
+def not_blank(path: str) -> str:
+    """An empty path would mean the spec file's own folder: never what was meant."""
+    if not path.strip():
+        raise ValueError("empty; name the directory")
+    return path

@@ -10,6 +10,7 @@ here, before any engine starts (``check_engine``), never run silently wrong.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -37,6 +38,9 @@ TREE_UNSUPPORTED = (
 """Keys the tree engine does not apply (yet), as job settings or per-row columns: refused with
 it, naming the key, rather than ignored (its acceptance is lossless only against the
 distribution it samples from)."""
+MAX_SEED = 2**63 - 1
+"""``sampling.seed`` at most (and at least 0): rows' seeds are 63-bit hashes of it, and vLLM
+reads a seed of -1 as none, so a negative seed would not mean what it says there."""
 MAX_LOGPROBS = 20
 """vLLM's default ``max_logprobs``: more would need an engine keyword."""
 
@@ -51,8 +55,11 @@ class SamplingSpec(_Section):
     stop: list[str] = Field(default_factory=list, description="stop strings")
     seed: int | None = Field(
         None,
-        description="per-row seed base: row *i* of file *f* samples with a seed derived from "
-        "(seed, f, i), so a row's sample does not depend on its batch; none = unseeded",
+        ge=0,
+        le=MAX_SEED,
+        description="per-row seed base (0 to 2^63-1): row *i* of file *f* samples with a seed "
+        "derived from (seed, f, i), so a row's sample does not depend on its batch; none = "
+        "unseeded",
     )
     n: int = Field(
         1,
@@ -141,6 +148,27 @@ class SamplingSpec(_Section):
                 jsonschema.Draft202012Validator.check_schema(v)
             except jsonschema.SchemaError as exc:
                 raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        return v
+
+    @field_validator("regex")
+    @classmethod
+    def _regex_compiles(cls, v: str | None) -> str | None:
+        # vLLM compiles it (xgrammar, a narrower dialect) only with the first request; Python's
+        # parser finds the syntax errors without importing it (xgrammar imports torch).
+        if v is not None:
+            if "\x00" in v:
+                raise ValueError("a regular expression may not hold a NUL character")
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc})") from None
+        return v
+
+    @field_validator("choice")
+    @classmethod
+    def _some_choice(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("an empty list allows no text at all; list the choices")
         return v
 
     @model_validator(mode="after")

@@ -231,3 +231,19 @@ def test_spec_reference_page_is_generated_from_the_spec() -> None:
 def test_every_shipped_job_spec_is_valid(path: Path) -> None:
     spec = load_spec(path)
     assert spec.output.dir and spec.model.model
+
+
+def test_a_key_given_twice_is_refused_at_any_depth(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys silently; a spec refuses them, naming the key
+    and both lines, also in a flow mapping and a ``--set`` value. A merge (``<<``) may still
+    override what it brings in."""
+    from batchspec.spec_file import load_yaml
+
+    with pytest.raises(UserError, match=r"^s: a\.b: given twice \(both on line 1\)"):
+        load_yaml("a: {b: 1, b: 2}\n", "s")
+    with pytest.raises(UserError, match=r"^s: a\.1\.c: given twice \(lines 3 and 4\)"):
+        load_yaml("a:\n  - x\n  - c: 1\n    c: 2\n", "s")
+    assert load_yaml("base: &b {x: 1}\nuse: {<<: *b, x: 2}\n", "s")["use"] == {"x": 2}
+    assert error_of(tmp_path, ["model.engine_kwargs={k: 1, k: 2}"]).startswith(
+        "--set model.engine_kwargs={k: 1, k: 2}: model.engine_kwargs.k: given twice"
+    )

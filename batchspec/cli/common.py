@@ -54,8 +54,10 @@ set_option = click.option(
 output_option = click.option(
     "--output", type=click.Path(file_okay=False), help="Output directory instead of output.dir."
 )
+MAX_ROWS = 2**63 - 1
+"""``--limit`` at most: row counts and offsets are 64-bit integers in Arrow and Parquet."""
 limit_option = click.option(
-    "--limit", type=click.IntRange(min=1), help="Only the first N rows of the input."
+    "--limit", type=click.IntRange(min=1, max=MAX_ROWS), help="Only the first N rows of the input."
 )
 
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 from batchspec.errors import UserError
 from batchspec.io.ids import check_ids
 from batchspec.io.inputs import check_columns
+from batchspec.io.model_checks import check_context, check_draft, check_parallel
 from batchspec.io.planner import plan_units
 from batchspec.io.reader import UnitReader
 from batchspec.io.writer import RESERVED
@@ -95,6 +96,7 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
     inp = spec.input
     check_output_dir(spec.output_dir)
     files = spec.input_files()
+    check_output_apart(spec, files)
     types = check_columns(files, inp, spec.sampling)
     clash = sorted(RESERVED.intersection(inp.passthrough_columns))
     if clash:
@@ -102,33 +104,7 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
             f"input.passthrough_columns: {clash[0]!r} is an output column name; "
             "rename it in the input or leave it out"
         )
-    base = spec.resolve(".")
-    target = resolve_model(spec.model.model, "model.model", base, auto_prepare=True)
-    tok_dir = (
-        resolve_model(spec.model.tokenizer, "model.tokenizer", base)
-        if spec.model.tokenizer
-        else target
-    )
-    draft = None
-    s = spec.speculative
-    if s.method != "none" and s.model:
-        draft = resolve_model(s.model, "speculative.model", base, auto_prepare=True)
-        # EAGLE/MTP heads carry no tokenizer of their own; a full draft model must match.
-        if s.method == "draft_model" or (draft / "tokenizer_config.json").exists():
-            diff = compare_tokenizers(
-                load_tokenizer(tok_dir, "model.tokenizer"),
-                load_tokenizer(draft, "speculative.model"),
-            )
-            if diff:
-                raise UserError(f"speculative.model: tokenizer differs from the target's: {diff}")
-    if s.tree is not None and s.tree.draft_layers is not None:
-        check_draft_layers(s.tree.draft_layers, draft or target)
-    if s.engine != TREE and importlib.util.find_spec("vllm") is None:
-        # A CUDA machine may have torch and transformers only: the tree engine runs there.
-        raise UserError(
-            f"speculative.engine: {s.engine} needs vLLM, which is not installed here "
-            "(install it, or set speculative.engine to tree)"
-        )
+    target, tok_dir, draft = check_models(spec)
     units = plan_units(files, spec.output.unit_rows, inp.domain_column, limit)
     if not units:
         raise UserError(f"input.path: {inp.path} holds no rows")
@@ -138,6 +114,66 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
     for warning in warnings:
         print(f"batchspec: warning: {warning}", file=sys.stderr)
     return Preflight(files, types, units, target, tok_dir, draft, reader, warnings)
+
+
+def check_models(spec: JobSpec) -> tuple[Path, Path, Path | None]:
+    """The target's, its tokenizer's and the draft's directories, checked: the job against
+    their configs (``model_checks``), then the draft's tokenizer against the target's."""
+    base = spec.resolve(".")
+    target = resolve_model(spec.model.model, "model.model", base, auto_prepare=True)
+    tok_dir = (
+        resolve_model(spec.model.tokenizer, "model.tokenizer", base)
+        if spec.model.tokenizer
+        else target
+    )
+    check_context(spec, target, tok_dir)
+    check_parallel(spec, target)
+    draft = None
+    s = spec.speculative
+    if s.method != "none" and s.model:
+        draft = resolve_model(s.model, "speculative.model", base, auto_prepare=True)
+    check_draft(spec, target, draft)
+    # EAGLE/MTP heads carry no tokenizer of their own; a full draft model must match.
+    if draft and (s.method == "draft_model" or (draft / "tokenizer_config.json").exists()):
+        diff = compare_tokenizers(
+            load_tokenizer(tok_dir, "model.tokenizer"),
+            load_tokenizer(draft, "speculative.model"),
+        )
+        if diff:
+            raise UserError(f"speculative.model: tokenizer differs from the target's: {diff}")
+    if s.tree is not None and s.tree.draft_layers is not None:
+        check_draft_layers(s.tree.draft_layers, draft or target)
+    if s.engine != TREE and importlib.util.find_spec("vllm") is None:
+        # A CUDA machine may have torch and transformers only: the tree engine runs there.
+        raise UserError(
+            f"speculative.engine: {s.engine} needs vLLM, which is not installed here "
+            "(install it, or set speculative.engine to tree)"
+        )
+    return target, tok_dir, draft
+
+
+def check_output_apart(spec: JobSpec, files: list[Path]) -> None:
+    """The output directory must not hold the input, nor lie where the input's directory or
+    ``**`` glob would find its parts: the next plan would read them as input."""
+    out = spec.output_dir.resolve()
+    for path in files:
+        if out in path.resolve().parents:
+            raise UserError(
+                f"output.dir: {out} holds the input file {path}; write the output elsewhere"
+            )
+    raw = spec.input.path
+    root = spec.resolve(raw)
+    if any(ch in raw for ch in "*?["):
+        if "**" not in raw:
+            return  # a pattern of one level does not reach into a folder below
+        root = next(p for p in root.parents if not any(ch in str(p) for ch in "*?["))
+    elif not root.is_dir():
+        return
+    if out == root or root in out.parents:
+        raise UserError(
+            f"output.dir: {out} lies inside input.path {raw}, which would read its parts as "
+            "input; write the output elsewhere"
+        )
 
 
 def check_output_dir(path: Path) -> None:
