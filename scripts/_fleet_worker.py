@@ -33,11 +33,14 @@ from batchspec.work import leases as leases_mod
 from batchspec.work import live as live_mod
 from batchspec.work import progress as progress_mod
 from batchspec.work import scheduler as scheduler_mod
-from batchspec.work.claims import ClaimingSource, Claims, FailureLog
-from batchspec.work.leases import Holder, Leases
+from batchspec.work.claims import Claims, FailureLog
+from batchspec.work.completion import completion
+from batchspec.work.holders import Holder
+from batchspec.work.leases import Leases
 from batchspec.work.live import LiveProgress
 from batchspec.work.progress import ProgressLog
 from batchspec.work.scheduler import Scheduler
+from batchspec.work.source import ClaimingSource
 from batchspec.work.stopping import StopFlag
 
 try:
@@ -207,26 +210,25 @@ class CountingClaims(Claims):
         """Conflicts on units looked at again (``_revisit_due``), not met on the walk."""
         self.conflict_kinds: dict[str, int] = {}
         """Conflicts by what the claimant was doing: ``walk`` (met on its walk), or a look
-        again at a deferred unit while ``walking``, on its ``last`` look before it leaves, or
-        while it ``linger``s; each of those ``+unaged`` when it had only seen the unit held in
-        a listing, never tried it."""
+        again at a deferred unit on its ``last`` look before it leaves, or while it
+        ``linger``s."""
         self._revisiting: dict[str, str] = {}
         self.watched: set[str] = set()
         """Units taken over as a dead worker's (``Watch``, or its other units)."""
         self.looks: list[tuple[float, str | None, int]] = []
         """Each look of our watch: when, the worker it watches after it, how many it found."""
-        orphans = self.watch.orphans
+        look = self.watch.look
 
-        def looked() -> list[str]:
-            at = self.watch._at
-            found = orphans()
+        def looked() -> None:
+            at, before = self.watch._at, len(self.leases.orphans)
+            look()
             if self.watch._at != at:
                 ring, me = self.leases.ring, self.leases.me.worker
                 nxt = ring[(ring.index(me) + 1) % len(ring)] if me in ring else None
-                self.looks.append((time.time() - self.t0, nxt, len(found)))
-            return found
+                found = len(self.leases.orphans) - before
+                self.looks.append((time.time() - self.t0, nxt, found))
 
-        self.watch.orphans = looked  # type: ignore[method-assign]
+        self.leases.after_beat = looked
 
         try_claim = self.leases.try_claim
 
@@ -244,16 +246,19 @@ class CountingClaims(Claims):
 
         self.leases.try_claim = counted  # type: ignore[method-assign]
 
-    def _revisit_due(self, walking: bool = False) -> None:
-        unaged = set(self._unaged)
-        super()._revisit_due(walking)
-        mode = "walking" if walking else "linger" if self.lingers() else "last"
+    def _revisit_due(self) -> None:
+        super()._revisit_due()
+        mode = "linger" if self.lingers() else "last"
         for u in self._again:
-            self._revisiting.setdefault(u.unit_id, mode + "+unaged" * (u.unit_id in unaged))
+            self._revisiting.setdefault(u.unit_id, mode)
 
     def _take_over(self, unit_id: str, scheduler: Any) -> None:
+        """A dead worker's unit, leased by our watch (or with another of its units) and now
+        handed to our engine: counted as claimed when handed, not when leased."""
         self.watched.add(unit_id)
         super()._take_over(unit_id, scheduler)
+        if self.taken and self.taken[-1].unit_id == unit_id:
+            self.claimed.append((time.time() - self.t0, unit_id))
 
     def claim(self, unit: WorkUnit) -> bool:
         ok = super().claim(unit)
@@ -277,7 +282,8 @@ class SimWorker:
             self._progress,
         )
         # A host of its own: judged by its heartbeat, never by a pid this process shares.
-        self.leases.me = Holder(name, host, self.leases.me.pid, self.leases.me.pid_start)
+        me = self.leases.me
+        self.leases.me = Holder(name, host, me.pid, me.pid_start, me.timeout_s)
         self.leases._payload = json.dumps(self.leases.me.__dict__).encode()
         self.failures = FailureLog(self.out, "sim")
         self.claims = CountingClaims(self.out, self.leases, self.failures, set(), t0=t0)
@@ -296,7 +302,11 @@ class SimWorker:
         if lead is not None:  # its lock names the simulated host, as on a cluster
             lead._payload = json.dumps({"host": host, "pid": 1}).encode()
         self.dead = threading.Event()
-        self.engine = StandInEngine(cfg["unit_s"] / speed, cfg["depth"], self.dead)
+        self.slow = cfg.get("slow", 1.0) > 1 and name == "w00000"
+        unit_s = cfg["unit_s"] * (cfg["slow"] if self.slow else 1.0)
+        self.engine = StandInEngine(unit_s / speed, cfg["depth"], self.dead)
+        self.exit_code: int | None = None
+        """What ``run`` would exit with when this worker ends (``work.completion``)."""
         self.source: SimSource | None = None
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.committed = self.discarded = 0
@@ -322,13 +332,13 @@ class SimWorker:
         """Kill -9, simulated: heartbeats and records stop, nothing is released."""
         self.killed_at = time.time() - self.t0
         self.held_at_kill = sorted(self.leases.held)
-        self.leases._stop.set()
+        self.leases.heart.stopped.set()
         self.live._stop.set()
         self.dead.set()
 
     def stop_now(self) -> None:
         self.dead.set()
-        self.leases._stop.set()
+        self.leases.heart.stopped.set()
         self.live._stop.set()
 
     def _main(self) -> None:
@@ -339,17 +349,18 @@ class SimWorker:
         except Exception as exc:  # a broken simulation must not pass as a clean run
             self.error = f"{type(exc).__name__}: {exc}"
             raise
-        self.leases.stop()
         self.leases.release_all()
+        self.leases.stop()
         self.live.close()
+        self.exit_code = int(completion(self.out).exit_code)
 
     def _prepare(self) -> None:
-        """What ``worker.prepare_run`` does with the output directory at a worker's start:
+        """What ``prepare.prepare_run`` does with the output directory at a worker's start:
         its layout, stale temporaries, the listing of committed parts."""
         choose = getattr(self.out, "choose_layout", None)
         if choose is not None:
             choose(len(self.units))
-        clean_stale_temps(self.out, self.cfg["lease_timeout_s"] / self.speed)
+        clean_stale_temps(self.out)
         done = self.out.committed_units()
         todo = [u for u in self.units if u.unit_id not in done]
         stripe = getattr(indexes_mod, "striped", lambda units, worker: units)
@@ -416,6 +427,7 @@ class SimWorker:
             "watched": sorted(self.claims.watched),
             "looks": self.claims.looks,
             "idle_at": self.idle_at,
+            "exit_code": self.exit_code,
             "error": self.error,
             "trace": [(round((t - self.t0) * self.speed), a, b) for t, a, b in self.trace[-5:]],
             "lingers": getattr(self.claims, "lingers", lambda: None)(),

@@ -55,6 +55,7 @@ def run_process(cfg: dict, index: int, names: list[str], t0: float, result_path:
     units = plan(cfg["units"], cfg["rows"])
     workers = [SimWorker(cfg, name, f"simhost-{name}", units, t0) for name in names]
     kill_at = t0 + cfg["kill_after_s"] / cfg["speed"]
+    slow = [w for w in workers if w.slow]  # --slow: the slow worker is the one killed
     killed = 0
     while time.time() < t0:
         time.sleep(0.01)
@@ -63,7 +64,8 @@ def run_process(cfg: dict, index: int, names: list[str], t0: float, result_path:
     deadline = t0 + cfg["max_s"]
     while any(w.alive() for w in workers) and time.time() < deadline:
         if killed < cfg["kills"] and time.time() >= kill_at:
-            victims = [w for w in workers if w.alive() and w.busy()][: cfg["kills"] - killed]
+            pool = slow if cfg["slow"] > 1 else workers
+            victims = [w for w in pool if w.alive() and w.busy()][: cfg["kills"] - killed]
             for w in victims:
                 w.vanish()
             killed += len(victims)
@@ -114,6 +116,16 @@ def takeovers(reports: list[dict], speed: float) -> list[tuple[float, str]]:
                 t, watched = min(later)
                 waits.append(((t - r["killed_at"]) * speed, "watch" if watched else "try"))
     return waits
+
+
+def exits(reports: list[dict], speed: float) -> dict[int, list]:
+    """The workers that ended (not killed) by the exit code ``run`` would give them
+    (``work.completion``): how many, and the simulated seconds of the first and last end."""
+    found: dict[int, list[float]] = {}
+    for w in reports:
+        if w["exit_code"] is not None and w["idle_at"] is not None:
+            found.setdefault(w["exit_code"], []).append(w["idle_at"] * speed)
+    return {code: [len(t), round(min(t)), round(max(t))] for code, t in sorted(found.items())}
 
 
 def look_gaps(reports: list[dict], speed: float) -> list[float]:
@@ -171,7 +183,7 @@ def phases(reports: list[dict], speed: float) -> dict[str, list[int]]:
 
 
 def bind(root: Path, units: int, rows: int) -> None:
-    """The manifest a run's first worker writes (``worker.prepare_run``), with the parts layout
+    """The manifest a run's first worker writes (``prepare.prepare_run``), with the parts layout
     every worker reads from it; a version before the record chooses it (``choose_layout``)."""
     try:
         from batchspec.io.layout import layout_for
@@ -243,6 +255,7 @@ def simulate(cfg: dict) -> dict:
         "takeovers": sorted((round(w), how) for w, how in waits),
         "look_gaps": look_gaps(reports, cfg["speed"]),
         "exactly_once": ok,
+        "exits": exits(reports, cfg["speed"]),
         "parts": parts,
         "wall_s": t_end,
         "errors": errors[:3],
@@ -313,7 +326,8 @@ def config(args: argparse.Namespace, workers: int, out: Path) -> dict:
         "depth": args.depth,
         "speed": speed,
         "kills": args.kills if args.kills >= 0 else max(1, workers // 64),
-        "kill_after_s": args.unit_s * args.units_per_worker / (2 * args.depth),
+        "kill_after_s": args.kill_at or args.unit_s * args.units_per_worker / (2 * args.depth),
+        "slow": args.slow,
         "procs": procs,
         "max_s": args.max_s,
         "heartbeat_s": 20.0,
@@ -333,6 +347,14 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=0.0, help="time compression (0: auto)")
     ap.add_argument("--kills", type=int, default=-1, help="workers killed (default W/64)")
     ap.add_argument("--procs", type=int, default=4, help="processes hosting the workers")
+    ap.add_argument("--kill-at", type=float, default=0.0, help="simulated s (default: halfway)")
+    ap.add_argument(
+        "--slow",
+        type=float,
+        default=1.0,
+        help="worker 0's units take this many times longer; "
+        "it is the one killed (a death while the others linger)",
+    )
     ap.add_argument("--max-s", type=float, default=900.0, help="wall-clock cap per fleet")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: temp)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -347,6 +369,7 @@ def main() -> None:
         print(row(r), flush=True)
         print(conflicts_line(r["phases"]), flush=True)
         print(takeovers_line(r), flush=True)
+        print(f"  exit codes (code: workers, when s): {r['exits']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     if args.out is None:

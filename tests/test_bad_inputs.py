@@ -3,7 +3,7 @@ written or any engine starts: a table of the default job with one thing wrong (i
 
 Each case is the shipped default job (``jobs/synth_data.yaml``, made small by ``job_dict``)
 with one change, run through ``batchspec validate`` in this process (``cli``): what ``run``
-checks first too (``work.worker.check_run``), so a case that passes here cannot fail a minute
+checks first too (``work.prepare.check_run``), so a case that passes here cannot fail a minute
 into a run instead. The output directory must not exist afterwards.
 """
 

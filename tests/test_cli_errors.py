@@ -309,7 +309,7 @@ def test_tune_batch_sizes_must_be_positive(job_file) -> None:
 
 
 def test_validate_checks_the_tuning_file_as_run_does(tmp_path: Path) -> None:
-    """One check for both (``work.worker.check_run``): an auto job without a route, or a
+    """One check for both (``work.prepare.check_run``): an auto job without a route, or a
     tuning file of another job, is refused by validate as by run."""
     job = auto_job(tmp_path)
     assert_user_error(cli("validate", str(job)), "speculative.engine: auto", "batchspec tune")

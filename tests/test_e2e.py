@@ -73,7 +73,8 @@ def ngram_run(tmp_path_factory):
     job = job_dict(tmp / "out", input={"path": str(tmp / "in.parquet")})
     path = write_job(tmp / "job.yaml", job)
     result = run_cli("run", str(path), "--no-progress", env=IN_PROCESS_ENGINE)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # Every unit committed, some rows error rows: exit 4 (work.completion.Exit.ROWS_FAILED).
+    assert result.returncode == 4, result.stderr[-3000:]
     return path, source, pl.read_parquet(tmp / "out" / "parts" / "*.parquet"), result
 
 
@@ -150,6 +151,10 @@ def test_summary_printed(ngram_run) -> None:
     assert "output: " in stdout and "output tokens/s" in stdout
     n = ngram_run[1].num_rows
     assert f"this run: {n} rows ({len(BAD_ROWS)} errors)" in stdout
+    # The errors' leading causes, counted (one row each here), and the verdict on the plan.
+    causes = next(line for line in stdout.splitlines() if line.startswith("error rows by cause"))
+    assert causes.count("1 x ") == 3 and causes.endswith("; 2 more causes"), causes
+    assert f"complete with {len(BAD_ROWS)} error rows" in stdout
     for domain in ("chat", "code", "math", "qa", "summarization", "translation"):
         assert f"\n{domain} " in stdout
 
@@ -159,7 +164,7 @@ def test_rerun_is_a_quick_noop(ngram_run) -> None:
     parts = sorted((path.parent / "out" / "parts").iterdir())
     started = time.monotonic()
     result = run_cli("run", str(path), "--no-progress", env=IN_PROCESS_ENGINE)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 4, result.stderr  # nothing to do; its error rows stay
     assert "nothing to do" in result.stdout
     assert time.monotonic() - started < 60  # no engine start
     assert sorted((path.parent / "out" / "parts").iterdir()) == parts
@@ -213,7 +218,7 @@ def test_retry_errors_regenerates_only_error_rows(ngram_run, full: bool) -> None
     path, source, before, _ = ngram_run
     out = path.parent / "out"
     result = run_cli("run", str(path), "--retry-errors", "--no-progress", env=IN_PROCESS_ENGINE)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 4, result.stderr[-3000:]  # the error rows fail again
     logs = sorted((out / "runs").glob("*.json"))
     last = json.loads(logs[-1].read_text())
     n_errors = before["error"].is_not_null().sum()

@@ -22,7 +22,7 @@ from batchspec.units import WorkUnit
 from batchspec.work import indexes
 from batchspec.work.claims import Claims, FailureLog
 from batchspec.work.indexes import DoneIndex, striped
-from batchspec.work.leases import LeaseDir, Leases
+from batchspec.work.leases import Leases
 from batchspec.work.live import LiveProgress
 from batchspec.work.progress import ProgressLog
 
@@ -55,8 +55,34 @@ def test_simulated_fleet_commits_every_unit_once_under_kills(tmp_path: Path) -> 
     assert re.fullmatch(pattern + r", exactly once: yes", last), last
     (r,) = json.loads(results.read_text())
     assert r["exactly_once"] and r["parts"] == 72 and r["kills"] == 2, r
-    assert (r["takeover_s"] or 0) <= 300 + 20 + 30 + 2 + 30, r  # 30 s: scheduling noise at 60x
+    # Stale after a lease timeout of a watcher's own clock from its first look at the last
+    # record, and a look every 40 s (WATCH_S, at a beat): 30 s of scheduling noise at 60x.
+    assert (r["takeover_s"] or 0) <= 300 + 2 * 40 + 2 + 30, r
     assert r["ops_per_unit"] < 150 and r["conflicts_per_claim"] < 3, r
+
+
+def test_a_death_while_the_others_linger_is_taken_over_and_exits_tell_the_truth(
+    tmp_path: Path,
+) -> None:
+    """One worker's units take 8x longer; it is killed at 561 simulated s, while the others,
+    their own work done, linger. On ac4bc8a they left at 667-788 s (lingering 300 s), its 2
+    units and leases behind, every exit code 0. Now lingerers stay while a holder of theirs
+    is silent: its units are taken over, every unit is committed once, and the workers that
+    left before the end say so (exit 5), the others 0."""
+    results = tmp_path / "fleet.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "sim_fleet.py"), "--workers", "12"]
+    cmd += ["--kills", "1", "--slow", "8", "--kill-at", "561", "--speed", "60", "--procs", "2"]
+    cmd += ["--out", str(tmp_path / "sim"), "--json", str(results)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (r,) = json.loads(results.read_text())
+    assert r["exactly_once"] and r["parts"] == r["units"] and r["kills"] == 1, r
+    assert len(r["takeovers"]) == 2 and r["takeover_s"] <= 300 + 2 * 40 + 2 + 30, r
+    exits = {int(code): v for code, v in r["exits"].items()}
+    assert set(exits) <= {0, 5} and exits[0][0] >= 1, exits
+    assert sum(n for n, _, _ in exits.values()) == 11, exits
+    if 5 in exits:  # left while the dead one's units were being run again
+        assert exits[5][2] <= exits[0][1], exits
 
 
 def test_workers_start_spread_over_the_plan() -> None:
@@ -172,13 +198,13 @@ def test_one_heartbeat_record_keeps_every_lease(tmp_path: Path) -> None:
         time.sleep(1.0)
         assert out.lease("u1").stat().st_mtime == created  # no lease touched
         b = Leases(out, "b", timeout_s=0.5, heartbeat_s=0.1)
-        assert not b.try_claim("u2")  # the record is fresh
-        assert LeaseDir(out, 0.5).live_holders() == {"a"}
+        assert not b.try_claim("u2")  # first look
+        time.sleep(0.6)
+        assert not b.try_claim("u2")  # the record changed since: alive
     finally:
-        a._stop.set()  # killed: no release, no last beat
-        a._thread.join()
-    time.sleep(0.7)
-    b = Leases(out, "b", timeout_s=0.5, heartbeat_s=0.1)
+        a.heart.stop()  # killed: no release, no last beat
+    assert not b.try_claim("u2")  # its last version, first seen now
+    time.sleep(0.6)
     assert b.try_claim("u2") and not out.progress("a").exists()
 
 

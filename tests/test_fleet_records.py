@@ -79,11 +79,12 @@ def test_a_dead_workers_record_is_kept_by_whoever_takes_its_lease(tmp_path: Path
     old = Leases(out, "old", 0.3, 0.1)  # a bare heartbeat, as an older batchspec writes it
     assert old.try_claim("u2")
     old.beat()
-    time.sleep(0.5)
     taker = Leases(out, "taker", 0.3, 0.1)
+    assert not taker.try_claim("u1") and not taker.try_claim("u2")  # first look: watched
+    time.sleep(0.5)  # silent for the timeout of the taker's own clock
     assert taker.try_claim("u1") and taker.try_claim("u2")
     assert not out.progress("dead").exists() and not out.progress("old").exists()
-    assert not out.progress_record("old").exists()  # removed, not kept: no counters in it
+    assert out.progress_record("old").exists()  # moved: its leases are free for everyone
     (kept,) = read_records(out)
     assert kept["worker"] == "dead" and kept["rows_committed"] == 4 and not kept["ended"]
     assert taker.live_workers() == 1
@@ -168,13 +169,12 @@ def test_a_listing_found_out_of_date_is_made_again_at_the_next_look(
     assert done.done(ids[1]) and done.done(ids[2])
 
 
-def test_units_only_listed_as_held_are_tried_only_in_a_fleet_where_every_worker_lingers(
+def test_units_listed_as_held_are_passed_over_until_they_could_be_free(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Every worker walks past units others are working on, and at a fleet's end every one
-    has passed the units others are finishing: in a fleet of 16 or more nobody tries them
-    (a dead holder's units are its watcher's) until the listing no longer shows them held;
-    in a smaller one, where every worker lingers, they are tried to learn their leases' age."""
+    """Walking where others work, a unit the listing of leases/ shows held is passed over
+    with no claim attempt and looked at again once its holder could have been silent for a
+    lease timeout, or sooner once the listing no longer shows it (handed back, committed)."""
     from batchspec.work import claims as claims_mod
     from batchspec.work.claims import Claims, FailureLog
 
@@ -185,25 +185,17 @@ def test_units_only_listed_as_held_are_tried_only_in_a_fleet_where_every_worker_
     other = Leases(out, "other", 60, 10)
     other.beat()
     assert other.try_claim(units[1].unit_id)
-    PartWriter(out, output_schema(pa.string(), {})).commit(result(0))
-    for fleet in (1, 15, 16, 1000):
-        me = Leases(out, f"me{fleet}", 60, 10)
-        attempts: list[str] = []
-        real = me.try_claim
-        me.try_claim = lambda uid, real=real, a=attempts: a.append(uid) or real(uid)  # type: ignore[method-assign]
-        claims = Claims(out, me, FailureLog(out, "run"), set())
-        claims._fleet = fleet
-        claims._crowded = time.monotonic()  # we walk where others work
-        assert not claims.claim(units[1]) and attempts == []  # listed: passed over
-        claims._not_before[units[1].unit_id] = 0.0  # its first look is due
-        for walking in (True, False):  # walking past others' units, or at the end
-            claims._revisit_due(walking)
-            tried = [units[1].unit_id] if fleet < 16 else []
-            assert [u.unit_id for u in claims._again] == tried, (fleet, walking)
-            claims.deferred.extend(claims._again)  # deferred again, for the next look
-            claims._again.clear()
+    me = Leases(out, "me", 60, 10)
+    attempts: list[str] = []
+    real = me.try_claim
+    me.try_claim = lambda uid: attempts.append(uid) or real(uid)  # type: ignore[method-assign]
+    claims = Claims(out, me, FailureLog(out, "run"), set())
+    claims._crowded = time.monotonic()  # we walk where others work
+    assert not claims.claim(units[1]) and attempts == []  # listed: passed over
+    claims._revisit_due()
+    assert not claims._again  # held, and not yet possibly silent for a timeout
     other.release(units[1].unit_id)  # handed back: the listing no longer shows it held
-    claims._revisit_due(walking=False)
+    claims._revisit_due()
     assert [u.unit_id for u in claims._again] == [units[1].unit_id]
 
 
@@ -228,28 +220,6 @@ class Walk:
         if unit is not None:
             self.queue.remove(unit)
         return unit
-
-
-def test_a_walking_worker_takes_a_dead_holders_unit_once_it_could_be_stale(
-    tmp_path: Path, monkeypatch
-) -> None:
-    """Mid-run, a worker whose walk still gives units looks at the units it passed when their
-    leases could be stale, not only at the end of its walk (which may be hours away)."""
-    from batchspec.work import claims as claims_mod
-    from batchspec.work.claims import Claims, FailureLog
-
-    monkeypatch.setattr(claims_mod, "REVISIT_S", 0.0)
-    out = OutDir(tmp_path)
-    plan = [result(4 * i).unit for i in range(3)]
-    dead = Leases(out, "dead", 0.3, 0.1)
-    dead.beat()
-    assert dead.try_claim(plan[0].unit_id)  # then killed: no more beats
-    claims = Claims(out, Leases(out, "me", 0.3, 0.1), FailureLog(out, "run"), set())
-    walk = Walk(plan[1:])
-    assert not claims.claim(plan[0])  # held: deferred until its lease could be stale
-    time.sleep(0.5)
-    assert claims.next(walk, 0) == plan[0]  # taken over before the walk goes on
-    assert claims.next(walk, 0) == plan[1]
 
 
 def test_a_dead_workers_units_ahead_of_every_walk_are_taken_over_by_its_watcher(
@@ -278,9 +248,12 @@ def test_a_dead_workers_units_ahead_of_every_walk_are_taken_over_by_its_watcher(
     claims = Claims(out, me, FailureLog(out, "run"), set())
     walk = Walk(plan[2:] + plan[:2])  # its units at the end of our walk
     assert claims.next(walk, 0) == plan[2]  # alive yet: nothing to take over
-    assert me.ring == ["c-dead", "a-watcher", "b-dead"]  # hash order: b-dead, then c-dead
+    claims.watch.look()  # first look (the heartbeat thread's): watched from now
+    ring = sorted(me.ring, key=watch.ring_key)
+    assert ring == ["c-dead", "a-watcher", "b-dead"]  # hash order: b-dead, then c-dead
     time.sleep(0.5)
     me.beat()
+    claims.watch.look()  # the heartbeat thread's look (not started here)
     got = [claims.next(walk, 0).unit_id]  # both leases taken over at once, one handed out
     assert {u.unit_id for u in plan[:2]} <= me.held
     got.append(claims.next(walk, 0).unit_id)
@@ -293,7 +266,7 @@ class SlowWalk(Walk):
     """A walk that takes its time per unit, as 1,000 workers' walks over others' units do."""
 
     def next_unit(self, k: int) -> WorkUnit | None:
-        time.sleep(0.05)
+        time.sleep(0.1)
         return super().next_unit(k)
 
 
@@ -351,9 +324,11 @@ def test_a_dead_nodes_workers_are_taken_over_by_watchers_of_their_own(
         leases.beat()
     for name in live:
         assert claims[name].next(walks[name], 0) not in plan[:2]  # alive yet
+        claims[name].watch.look()  # first look: watched from now
     time.sleep(0.5)
-    for leases in live.values():
+    for name, leases in live.items():
         leases.beat()
+        claims[name].watch.look()
     taken = {n: claims[n].next(walks[n], 0).unit_id for n in live}
     assert taken == {"live1-b": plan[0].unit_id, "live1-a": plan[1].unit_id}
 
@@ -363,7 +338,8 @@ def test_the_record_lists_every_unit_a_worker_holds_for_its_watcher(tmp_path: Pa
     yet started) and a crash's suspects are leased too, so the record lists them (at 0 rows)
     beside the open units; a unit missing there waited for a walker's try (at 1,000 simulated
     workers the slowest waited 1,139 and 1,452 s after the kill, against a bound of 470)."""
-    from batchspec.work.claims import ClaimingSource, Claims, FailureLog
+    from batchspec.work.claims import Claims, FailureLog
+    from batchspec.work.source import ClaimingSource
     from batchspec.work.stopping import StopFlag
 
     out = OutDir(tmp_path)
@@ -398,44 +374,10 @@ def test_a_unit_gone_from_leases_is_looked_up_in_a_new_listing_of_parts_not_trie
     other.beat()
     assert other.try_claim(done.unit.unit_id)
     claims = Claims(out, Leases(out, "me", 60, 10), FailureLog(out, "run"), set())
-    claims._fleet = 1000
     claims._crowded = time.monotonic()
     assert not claims.claim(done.unit)  # listed as held: deferred, parts listed (none)
     PartWriter(out, output_schema(pa.string(), {})).commit(done)
     other.release(done.unit.unit_id)
     time.sleep(0.06)  # the parts' listing older than LIST_S / 8, younger than LIST_S
-    claims._revisit_due(walking=False)
+    claims._revisit_due()
     assert not claims._again and not claims.deferred
-
-
-def test_in_a_fleet_a_leaving_worker_leaves_units_that_could_be_stale_to_the_watchers(
-    tmp_path: Path, monkeypatch
-) -> None:
-    """A unit tried and found held is tried again once its lease could be stale: by a
-    walker, a lingerer, or anyone in a fleet under 16; not by a worker of a larger fleet on
-    its way out (its last looks at the end tried units whose holders were finishing them)."""
-    from batchspec.work import claims as claims_mod
-    from batchspec.work.claims import Claims, FailureLog
-
-    monkeypatch.setattr(indexes, "HELD_S", 0.0)
-    monkeypatch.setattr(claims_mod, "REVISIT_S", 0.0)
-    out = OutDir(tmp_path)
-    unit = result(4).unit
-    other = Leases(out, "other", 60, 10)
-    other.beat()
-    assert other.try_claim(unit.unit_id)
-    for fleet, walking, lingers in [(8, False, False), (1000, True, False), (1000, False, True)]:
-        claims = Claims(out, Leases(out, "me", 60, 10), FailureLog(out, "run"), set())
-        claims._fleet = fleet
-        claims.lingers = lambda lingers=lingers: lingers  # type: ignore[method-assign]
-        assert not claims.claim(unit)  # tried: held, its age known
-        claims._not_before[unit.unit_id] = 0.0  # its lease could be stale by now
-        claims._revisit_due(walking)
-        assert [u.unit_id for u in claims._again] == [unit.unit_id], (fleet, walking, lingers)
-    claims = Claims(out, Leases(out, "me", 60, 10), FailureLog(out, "run"), set())
-    claims._fleet = 1000
-    claims.lingers = lambda: False  # type: ignore[method-assign]
-    assert not claims.claim(unit)
-    claims._not_before[unit.unit_id] = 0.0
-    claims._revisit_due(walking=False)
-    assert not claims._again and [u.unit_id for u in claims.deferred] == [unit.unit_id]

@@ -75,7 +75,7 @@ def test_live_holder_elsewhere_is_respected(tmp_path: Path) -> None:
 def test_holder_that_cannot_be_inspected_counts_as_alive(monkeypatch) -> None:
     import psutil
 
-    from batchspec.work import leases
+    from batchspec.work import holders as leases
 
     other = leases.Holder("w", leases.socket.gethostname(), 424242, 1.0)
 

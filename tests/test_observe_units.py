@@ -380,7 +380,7 @@ def test_status_json_while_units_are_leased(tmp_path: Path) -> None:
         p.unlink()
     leases = Leases(out, "w1", 60, 1)
     leases.try_claim(parts[0].stem)
-    log = ProgressLog(out, "w1", "run")
+    log = ProgressLog(out, "w1", "run", leases)  # its record is its heartbeat (leases/)
     log.watch(lambda: [UnitRequests(WorkUnit(0, "in", 0, 4, "a", 2), finished=1)], 3)
     log.write()
     result = CliRunner().invoke(main, ["status", str(out), "--json"])

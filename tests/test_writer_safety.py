@@ -4,7 +4,6 @@ killed with -9, a crash between writing the manifest and linking it."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import subprocess
 import sys
@@ -58,16 +57,27 @@ def test_without_hard_links_exactly_one_of_racing_committers_wins(
     assert [p.name for p in out.parts.iterdir()] == [f"{UNIT.unit_id}.parquet"]
 
 
-def test_commit_lock_of_a_dead_committer_is_taken_over(
+def test_a_filesystem_that_cannot_commit_atomically_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Neither hard links nor a rename that refuses to replace: two committers of one unit
+    could both win there, so the run is refused before any work (the old fallback, a lock
+    judged stale by its age, let a second committer overwrite the first)."""
+    import ctypes
+
+    from batchspec.errors import UserError
+    from batchspec.io import temps
+
+    class NoRename:
+        def __init__(self, *_: object, **__: object) -> None:
+            self.renameat2 = lambda *_: -1
+
     monkeypatch.setattr(os, "link", no_hard_links)
-    out = OutDir(tmp_path)
-    out.parts.mkdir()
-    lock = out.commit_lock(UNIT.unit_id)
-    lock.write_text(json.dumps({"host": host_tag(), "pid": dead_pid()}))
-    outcome, _ = PartWriter(out, SCHEMA).commit(result_of([RowResult(request(0, "a"), error="a")]))
-    assert outcome is Commit.COMMITTED and not lock.exists()
+    monkeypatch.setattr(temps.ctypes, "CDLL", NoRename)
+    monkeypatch.setattr(ctypes, "get_errno", lambda: errno.EINVAL)
+    with pytest.raises(UserError, match="cannot commit parts atomically"):
+        temps.check_commits(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing behind
 
 
 def dead_pid() -> int:
@@ -91,12 +101,15 @@ def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path: Path) -> Non
         p.write_bytes(b"x")
     dead_stage.mkdir()
     (dead_stage / "s000000000000.parquet").write_bytes(b"x")
-    os.utime(far_old, (time.time() - 1000, time.time() - 1000))
+    # Old by this host's clock: another host's writer may still run (its clock, or a pause,
+    # cannot be judged from here), and a live writer here is never touched however old.
+    for old in (far_old, live_part):
+        os.utime(old, (time.time() - 100_000, time.time() - 100_000))
     committed = out.parts / "u5.parquet"
     committed.write_bytes(b"x")
-    assert clean_stale_temps(out, max_age_s=300) == 3
+    assert clean_stale_temps(out) == 2
     left = {p.name for p in out.parts.iterdir()} | {p.name for p in out.staged.iterdir()}
-    assert left == {live_part.name, far_fresh.name, committed.name}
+    assert left == {live_part.name, far_fresh.name, far_old.name, committed.name}
 
 
 def test_manifest_is_synced_before_it_is_linked_into_place(

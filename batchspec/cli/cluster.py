@@ -144,7 +144,7 @@ def slurm_submit(
     """Submit JOB as an array of TASKS workers, and a finisher job after it; extra
     SBATCH_ARGS go into the array's script, one #SBATCH line each."""
     from batchspec.cluster.slurm import SubmitOptions, render_finisher, render_script, slurm_cmd
-    from batchspec.work.worker import check_run, prepare_run
+    from batchspec.work.prepare import check_run, prepare_run
 
     spec = load_job(job, overrides, output)
     _check_submit(spec, gpus_per_task, signal_lead, time_limit)

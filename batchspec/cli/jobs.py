@@ -24,14 +24,26 @@ if TYPE_CHECKING:
     from batchspec.spec import JobSpec
     from batchspec.work.runlog import RunStats
 
-EXIT_UNITS_FAILED = 3
-"""The job ran but some units failed repeatedly (recorded under OUT/failed; a rerun retries)."""
-
 
 def _print_run(stats: RunStats) -> None:
     from batchspec.observe.report import run_summary
 
     click.echo(run_summary(stats))
+
+
+def _finish(stats: RunStats) -> None:
+    """Print the summary and the verdict on the whole plan, and exit with its code
+    (``work.completion.Exit``): 0 only when every unit is committed without error rows."""
+    from batchspec.io.layout import OutDir
+    from batchspec.work.completion import Exit, completion
+
+    _print_run(stats)
+    verdict = completion(OutDir(stats.out_dir))
+    click.echo(verdict.line())
+    if stats.heartbeat_lost:
+        click.echo(f"batchspec: error: {stats.heartbeat_lost}", err=True)
+        sys.exit(Exit.ERROR)
+    sys.exit(verdict.exit_code)
 
 
 @click.command(
@@ -93,9 +105,7 @@ def run(
         args += ["--retry-errors"] if retry_errors else []
         progress = (not no_progress, log_every)
         stats = _run_workers(spec, args, limit, retry_errors, workers, progress)
-    _print_run(stats)
-    if stats.units_failed:
-        sys.exit(EXIT_UNITS_FAILED)
+    _finish(stats)
 
 
 def _run_workers(
@@ -109,8 +119,8 @@ def _run_workers(
     """``run --workers N``: N worker processes of one run on this node, their stats summed."""
     from batchspec.cluster.launch import WorkerError, launch
     from batchspec.io.layout import OutDir
+    from batchspec.work.prepare import prepare_run
     from batchspec.work.runlog import RunStats, run_id, worker_name
-    from batchspec.work.worker import prepare_run
 
     pre, todo, _, _ = prepare_run(spec, limit, retry_errors)
     if not todo:
@@ -149,7 +159,7 @@ def _run_workers(
 def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
     """Check JOB's spec, input files and columns, model paths, draft tokenizer and output
     directory, everything a run checks first, and start nothing."""
-    from batchspec.work.worker import check_run
+    from batchspec.work.prepare import check_run
 
     spec = load_job(job, overrides, None)
     pre, _, routed = check_run(spec, limit)  # what a run checks first, nothing written

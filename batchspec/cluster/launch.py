@@ -17,6 +17,7 @@ import uuid
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
+from batchspec.work.completion import Exit
 from batchspec.work.live import LiveProgress
 from batchspec.work.runlog import (
     LAUNCHER_ENV,
@@ -131,7 +132,10 @@ def launch(
         for s, handler in old.items():
             signal.signal(s, handler)
         live.close()
-    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
+    # A worker's 3, 4 or 5 is its verdict on the plan when it left (``work.completion``),
+    # not a failure of its own: the launcher's verdict is taken once all have ended.
+    verdicts = {Exit.DONE, Exit.UNITS_FAILED, Exit.ROWS_FAILED, Exit.INCOMPLETE}
+    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in verdicts]
     stats = sum_runs(out, run, time.perf_counter() - started)
     stats.units_total = units_total
     stats.units_skipped = units_total - units_todo

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.io.layout import OutDir, temp_name
-from batchspec.io.temps import FileLock, fsync_dir, is_abandoned
+from batchspec.io.temps import FileLock, fsync_dir
 
 STAGE_FACTOR = 4
 """A file is staged when one of its row groups holds more than this many units' rows: reading
@@ -125,8 +125,9 @@ def stage_file(
             if final.is_dir():
                 break
             for old in out.staged.glob(f".{name}.*"):
-                if is_abandoned(old, LOCK_STALE_S):
-                    shutil.rmtree(old, ignore_errors=True)
+                # Under the lock, only an earlier holder's copy (dead, or silent for
+                # LOCK_STALE_S) can be here.
+                shutil.rmtree(old, ignore_errors=True)
             _write_copy(src, final, stop, unit_rows, columns, domain_column, lock)
             return StageResult(final, time.perf_counter() - started, True)
         finally:

@@ -3,15 +3,15 @@
 A part is written under a temporary name, fsynced, then linked to its final name; the link
 fails if the final name exists, so the first committer of a unit wins and a late duplicate is
 discarded. A reader therefore never sees a half-written part, and no unit is counted twice.
-Where the filesystem has no hard links, a commit lock beside the part makes "is it there yet?
-then rename" one step, so two committers still cannot both win.
+Where the filesystem has no hard links, a rename that refuses to replace does the same
+(``temps.link_new``); a filesystem with neither is refused before any work.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
+import shutil
 import time
 import uuid
 from enum import Enum
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchspec.io.layout import OutDir, temp_name
-from batchspec.io.temps import FileLock, fsync_dir
+from batchspec.io.temps import fsync_dir, link_new
 from batchspec.units import RowResult, SpecStats, UnitResult
 
 # Columns every output has after id, domain and the pass-through columns (README: Output schema).
@@ -58,8 +58,6 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("unit_id", pa.string()),
 ]
 RESERVED = {"id", "domain", *(f.name for f in RESULT_FIELDS)}
-COMMIT_LOCK_STALE_S = 60.0
-"""A commit lock (no-hard-link filesystems only) is held for one rename: older is abandoned."""
 
 
 def output_schema(id_type: pa.DataType, passthrough: dict[str, pa.DataType]) -> pa.Schema:
@@ -209,15 +207,8 @@ class PartWriter:
             except FileNotFoundError:  # its directory's first part: made then, not per commit
                 final.parent.mkdir(parents=True, exist_ok=True)
                 _write_synced(tmp, table)
-            try:
-                os.link(tmp, final)  # fails if the final name exists: first committer wins
-            except FileExistsError:
+            if not link_new(tmp, final):  # first committer wins, on any filesystem
                 return False
-            except OSError as exc:  # a filesystem without hard links
-                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                if not _rename_if_absent(tmp, final, self.out.commit_lock(unit_id)):
-                    return False
             fsync_dir(final.parent)
             return True
         finally:
@@ -230,7 +221,11 @@ class PartWriter:
         final = self.out.part(unit_id)
         self.out.history.mkdir(parents=True, exist_ok=True)
         stamp = f"{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
-        os.link(final, self.out.history / f"{unit_id}.{stamp}")
+        kept = self.out.history / f"{unit_id}.{stamp}"
+        try:
+            os.link(final, kept)
+        except OSError:  # a filesystem without hard links: a copy, made before the swap
+            shutil.copyfile(final, kept)
         tmp = self._tmp(unit_id)
         try:
             _write_synced(tmp, table)
@@ -239,23 +234,6 @@ class PartWriter:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-
-
-def _rename_if_absent(tmp: Path, final: Path, lock_path: Path) -> bool:
-    """Rename ``tmp`` to ``final`` unless ``final`` exists, as one step among committers: under
-    a lock file (O_EXCL), taken over only from a dead holder; False when ``final`` was there."""
-    lock = FileLock(lock_path, COMMIT_LOCK_STALE_S)
-    while not lock.try_acquire():
-        if final.exists():
-            return False
-        time.sleep(0.01)
-    try:
-        if final.exists():
-            return False
-        os.replace(tmp, final)
-        return True
-    finally:
-        lock.release()
 
 
 def part_error_positions(out: OutDir, unit_id: str) -> list[int]:

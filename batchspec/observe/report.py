@@ -219,6 +219,11 @@ def run_summary(stats: RunStats) -> str:
         notes.append("stopped by signal; rerun to continue")
     if notes:
         lines.append("note: " + "; ".join(notes))
+    if stats.error_causes:
+        causes = sorted(stats.error_causes.items(), key=lambda kv: -kv[1])
+        shown = "; ".join(f"{n} x {cause}" for cause, n in causes[:3])
+        more = f"; {len(causes) - 3} more causes" if len(causes) > 3 else ""
+        lines.append(f"error rows by cause: {shown}{more}")
     rows, _, table = domain_report(out)
     lines += [f"committed: {rows} rows in {stats.units_total} units", table]
     return "\n".join(lines)

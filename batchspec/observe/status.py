@@ -17,7 +17,8 @@ from batchspec.errors import UserError
 from batchspec.io.layout import PART_SUFFIX, OutDir
 from batchspec.io.manifest import read_manifest
 from batchspec.observe.report import ControllerView, controller_view
-from batchspec.work.leases import Holder, LeaseDir
+from batchspec.work.holders import Holder
+from batchspec.work.leases import LeaseDir, LeaseInfo
 from batchspec.work.progress import RunTotals, acceptance, add_up, read_records
 
 STATUS_SCHEMA_VERSION = 1
@@ -96,6 +97,16 @@ def _rows_committed(parts: list[Path]) -> int:
     return rows
 
 
+def _heartbeat_age(out: OutDir, info: LeaseInfo) -> float:
+    """Seconds since the lease or its holder's record last changed, as this host sees them."""
+    if info.holder is None:
+        return info.age_s
+    try:
+        return min(info.age_s, time.time() - out.progress(info.holder.worker).stat().st_mtime)
+    except FileNotFoundError:
+        return info.age_s
+
+
 def _units(st: RunStatus, out: OutDir, lease_timeout_s: float) -> None:
     parts = out.part_files()
     done = {p.name[: -len(PART_SUFFIX)] for p in parts}
@@ -106,6 +117,10 @@ def _units(st: RunStatus, out: OutDir, lease_timeout_s: float) -> None:
     for info in sorted(leases.all(), key=lambda i: i.unit_id):
         if info.unit_id in done:
             continue
+        # One look cannot watch a record change (``work.heartbeat``): stale here means its
+        # holder is known gone (its process dead on this host, or its record moved to
+        # progress/: ended, or found dead by a watcher), and the age below is by this
+        # host's clock against the file server's, shown, never used to decide.
         stale = leases.is_stale(info)
         st.units_stale += stale
         st.units_leased += 1
@@ -115,7 +130,7 @@ def _units(st: RunStatus, out: OutDir, lease_timeout_s: float) -> None:
                 "unit_id": info.unit_id,
                 "worker": holder.worker if holder else None,
                 "host": holder.host if holder else None,
-                "heartbeat_age_s": round(info.age_s, 1),
+                "heartbeat_age_s": round(_heartbeat_age(out, info), 1),
                 "stale": stale,
                 "rows_finished": finished.get(info.unit_id, 0),
             }

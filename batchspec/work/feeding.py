@@ -10,8 +10,8 @@ from batchspec.engines import Engine
 from batchspec.spec import JobSpec
 from batchspec.speculation.replay import Replayer
 from batchspec.units import SpecStats, UnitRequests, UnitResult
-from batchspec.work.claims import ClaimingSource
 from batchspec.work.scheduler import Scheduler
+from batchspec.work.source import ClaimingSource
 
 REPLAY_SHARE = 0.01
 """Replay (``speculation/replay.py``) may take at most this share of the worker's time since

@@ -56,7 +56,7 @@ class HeldIndex:
         if time.monotonic() - at >= HELD_S:
             try:
                 found = os.listdir(self.out.leases)
-            except FileNotFoundError:
+            except OSError:  # missing, or a bad moment of the filesystem: tried instead
                 found = []
             n = len(LEASE_SUFFIX)
             names = {x[:-n] for x in found if x.endswith(LEASE_SUFFIX)}
@@ -86,7 +86,10 @@ class DoneIndex:
         if unit_id in names:
             return True
         if time.monotonic() - at >= LIST_S:
-            names = self.out.parts_in(folder)
+            try:
+                names = self.out.parts_in(folder)
+            except OSError:  # a bad moment of the filesystem: "not known done", listed
+                return False  # again at the next look; the claim's check decides
             self._listed[folder] = (time.monotonic(), names)
         return unit_id in names
 
@@ -138,6 +141,8 @@ class FailureLog:
                 names = {n[: -len(".json")] for n in os.listdir(self.out.failed)}
             except FileNotFoundError:
                 names = set()
+            except OSError:
+                return unit_id in names  # listed again at the next look
             self._listed = (time.monotonic(), names)
         return unit_id in names
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 import uuid
@@ -37,6 +38,14 @@ _SUMMED = (
     "engine_builds",
 )
 """RunStats counters that add up across workers (times overlap: the longest is taken)."""
+
+
+def error_cause(error: str) -> str:
+    """An error row's cause without its particulars (numbers, quoted values), so that rows
+    failing for one reason count together."""
+    first = error.splitlines()[0] if error else "error"
+    first = re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", first)
+    return re.sub(r"\d+(\.\d+)?", "N", first)[:120]
 
 
 def run_id() -> str:
@@ -97,6 +106,17 @@ class RunStats:
     engine_builds: int = 0
     engines: list[dict[str, Any]] = field(default_factory=list)
     """One record per stretch of work on one engine (an engine may serve several groups)."""
+    error_causes: dict[str, int] = field(default_factory=dict)
+    """This invocation's error rows by cause (``error_cause``): the summary names the leading
+    ones, so that "4 errors" comes with its reason."""
+    heartbeat_lost: str | None = None
+    """Why this worker stopped claiming: its heartbeat record could not be written for half a
+    lease's lifetime (its leases may be taken over); None while it could."""
+
+    def count_errors(self, errors: list[str]) -> None:
+        for error in errors:
+            cause = error_cause(error)
+            self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
 
     @property
     def output_tokens_per_s(self) -> float | None:
@@ -147,6 +167,9 @@ def sum_runs(out: OutDir, run: str, wall_s: float) -> RunStats:
         total.generate_s = max(total.generate_s, d["generate_s"])
         total.stage_s = max(total.stage_s, d.get("stage_s", 0.0))
         total.stopped_by_signal |= d["stopped_by_signal"]
+        for cause, n in d.get("error_causes", {}).items():
+            total.error_causes[cause] = total.error_causes.get(cause, 0) + n
+        total.heartbeat_lost = total.heartbeat_lost or d.get("heartbeat_lost")
         total.engines += d["engines"]
     total.wall_s = wall_s
     return total

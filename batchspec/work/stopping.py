@@ -54,6 +54,14 @@ class StopFlag:
         elif now - self._first >= REPEAT_S:
             self.quit_now(signum)
 
+    def halt(self, reason: str) -> None:
+        """Stop as on a signal, for a reason of the worker's own (its heartbeat is lost): no
+        more claims, the units in flight finished by the deadline or handed back."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.grace_s
+            self.tripped.set()
+            print(f"batchspec: {reason}", file=terminal(), flush=True)
+
     @staticmethod
     def quit_now(signum: int) -> None:
         """Kill this process's children (the engine; not the resource tracker, which then

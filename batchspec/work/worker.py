@@ -17,34 +17,31 @@ from typing import TextIO
 from batchspec.engines import Engine, EngineFailure, open_engine
 from batchspec.engines.quiet import EngineStartError, engine_output, log_size
 from batchspec.errors import UserError
-from batchspec.io.checks import Preflight, preflight
+from batchspec.io.checks import Preflight
 from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
-from batchspec.io.manifest import Manifest, check_bound, claim_output_dir, make_manifest
-from batchspec.io.temps import clean_stale_temps
-from batchspec.io.writer import Commit, PartWriter, output_schema, units_with_errors
+from batchspec.io.writer import Commit, PartWriter, output_schema
 from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy
-from batchspec.speculation.route import route_job
-from batchspec.speculation.tuning import job_tuning
 from batchspec.units import UnitResult, WorkUnit
-from batchspec.work.claims import ClaimingSource, Claims, FailureLog
+from batchspec.work.claims import Claims, FailureLog
 from batchspec.work.feeding import Replays, UnitKFeed
 from batchspec.work.indexes import striped
 from batchspec.work.leases import Leases
 from batchspec.work.live import LiveProgress
+from batchspec.work.prepare import prepare_run
 from batchspec.work.progress import ProgressLog
 from batchspec.work.runlog import (
     RunStats,
     bind_to_launcher,
     run_id,
     worker_name,
-    write_job_record,
     write_run_log,
 )
 from batchspec.work.scheduler import Scheduler
+from batchspec.work.source import ClaimingSource
 from batchspec.work.stopping import StopFlag
 
 
@@ -70,6 +67,7 @@ class Worker:
         policy = KPolicy(spec, self.out, name)
         self.scheduler = Scheduler(striped(todo, name), policy, self.leases.live_workers)
         self.stop = StopFlag(ex.shutdown_grace_s)
+        self.leases.heart.on_lost = self._heartbeat_lost
         types = pre.column_types
         passthrough = {c: types[c] for c in spec.input.passthrough_columns}
         self.writer = PartWriter(self.out, output_schema(types[spec.input.id_column], passthrough))
@@ -113,10 +111,16 @@ class Worker:
             if engine is not None:
                 self._close(engine)
             self.stats.units_abandoned += self._source.abandon_all() if self._source else 0
-            self.leases.stop()
-            self.leases.release_all()
+            self.leases.release_all()  # first: a lease whose holder's record has moved to
+            self.leases.stop()  # progress/ is free at once (``LeaseDir.silence_of``)
             live.close()
-            self.stats.stopped_by_signal = self.stop.stopping
+            self.stats.stopped_by_signal = self.stop.signal is not None
+
+    def _heartbeat_lost(self, reason: str) -> None:
+        """Our record could not be written for half a lease timeout: others may take our
+        units over soon, so we stop claiming, and the run ends non-zero (``Exit.ERROR``)."""
+        self.stats.heartbeat_lost = reason
+        self.stop.halt(reason)
 
     def _progress(self) -> dict[str, int]:
         return self._source.progress() if self._source is not None else {}
@@ -277,42 +281,11 @@ class Worker:
             self.scheduler.policy.observe(ob)
         tokens = sum(r.num_output_tokens or 0 for r in result.results)
         self.stats.rows += len(result.results)
-        self.stats.error_rows += sum(r.error is not None for r in result.results)
+        errors = [r.error for r in result.results if r.error is not None]
+        self.stats.error_rows += len(errors)
+        self.stats.count_errors(errors)
         self.stats.output_tokens += tokens
         return tokens
-
-
-def check_run(spec: JobSpec, limit: int | None) -> tuple[Preflight, Manifest, JobSpec]:
-    """Everything a run checks before it writes anything; ``validate`` and ``slurm submit
-    --dry-run`` run it too, so what they pass a run accepts. Returns the preflight, the
-    manifest the run binds the output directory to, and the job on the engine it runs on
-    (``route_job``: routed here, once)."""
-    pre = preflight(spec, limit)
-    out = OutDir(spec.output_dir)
-    job_tuning(spec, out)  # a tuning file of another job: refused before any worker starts
-    routed = route_job(spec, out)  # engine auto without a route for this batch size: refused
-    manifest = make_manifest(spec, pre.files, limit, pre.units)
-    check_bound(out, manifest)  # a directory bound to another spec, input or --limit
-    return pre, manifest, routed
-
-
-def prepare_run(
-    spec: JobSpec, limit: int | None, retry_errors: bool = False
-) -> tuple[Preflight, list[WorkUnit], set[str], JobSpec]:
-    """Check everything, bind the output directory to this run, and list the work left:
-    uncommitted units, plus (``retry_errors``) committed units that hold error rows; and the
-    job on the engine it runs on (``check_run``)."""
-    pre, manifest, routed = check_run(spec, limit)
-    out = OutDir(spec.output_dir)
-    bound = claim_output_dir(out, manifest)  # with the parts layout it records
-    pre.units = bound.named_units(out, pre.units)  # ids as its parts carry them (legacy)
-    clean_stale_temps(out, spec.execution.lease_timeout_s)
-    done = out.committed_units()
-    errors = units_with_errors(out) if retry_errors else set()
-    todo = [u for u in pre.units if u.unit_id not in done or u.unit_id in errors]
-    write_job_record(out, spec, pre.files, limit)
-    pre.reader.stage(out, todo)  # input files with large row groups, once per output dir
-    return pre, todo, errors, routed
 
 
 def run_job(
