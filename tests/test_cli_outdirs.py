@@ -117,3 +117,14 @@ def test_status_lease_timeout_must_be_positive(job_file, value: str) -> None:
     for words in (["status"], ["slurm", "status"]):
         result = cli(*words, str(out), "--lease-timeout", value)
         assert result.returncode == 2 and "'--lease-timeout'" in result.stderr
+
+
+def test_an_output_path_is_taken_as_it_is_typed(tmp_path: Path) -> None:
+    """--output reaches the spec as a --set value, which is YAML: a path holding ': ', '#'
+    or starting with '[' was read as a mapping, a comment or a list."""
+    from batchspec.cli.common import load_job
+
+    root = Path(__file__).resolve().parent.parent
+    for name in ("a: b #c", "[x]", "'quoted'"):
+        spec = load_job(str(root / "jobs" / "synth_data.yaml"), (), str(tmp_path / name))
+        assert spec.output_dir == tmp_path / name

@@ -235,3 +235,19 @@ def test_a_kill_during_the_commit_leaves_the_unit_exactly_once(tmp_path: Path, w
     survivor.release(UNIT.unit_id)
     assert [p.name for p in out.part_dir(UNIT.unit_id).iterdir()] == [f"{UNIT.unit_id}.parquet"]
     assert pq.read_table(out.part(UNIT.unit_id)).num_rows == 1
+
+
+def test_a_damaged_line_of_shared_measurements_is_skipped(tmp_path: Path) -> None:
+    """A torn or edited line in ``OUT/stats/<worker>.jsonl`` costs the K controller one
+    measurement: every worker reads these files (on ac4bc8a: a JSONDecodeError that ended the
+    worker, and ``status``/``report`` with a traceback)."""
+    from batchspec.speculation.estimator import Observation
+    from batchspec.speculation.shared import SharedStats
+
+    out = OutDir(tmp_path)
+    ob = Observation("a", 3, 8, rows=10, output_tokens=100, running_s=1.0)
+    SharedStats(out, "w1").append(ob)
+    with open(out.stats_file("w1"), "a") as fh:
+        fh.write('{"domain": "a", "k": \n{"not": "an observation"}\n')
+    SharedStats(out, "w1").append(ob)
+    assert SharedStats(out, "w0").read_new() == [ob, ob]

@@ -121,13 +121,13 @@ def test_a_run_routes_once_and_its_worker_gets_the_routed_job(
 ) -> None:
     """``check_run`` routes; ``run_job`` hands that spec to its worker (no second route, no
     second read of the tuning file). The worker is a stand-in: no engine starts."""
-    from batchspec.work import worker
+    from batchspec.work import prepare, worker
 
     job = auto_job(tmp_path)
     routed_tuning(job, {"vllm": 8, "tree": 8}, {8: "tree"})
     calls, given = [], []
-    real = worker.route_job
-    monkeypatch.setattr(worker, "route_job", lambda *a: calls.append(a) or real(*a))
+    real = prepare.route_job
+    monkeypatch.setattr(prepare, "route_job", lambda *a: calls.append(a) or real(*a))
 
     class Stand:
         def __init__(self, spec: JobSpec, *_: object) -> None:

@@ -4,6 +4,7 @@ examples at the end of each ``--help``."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -38,8 +39,9 @@ def load_job(job: str, overrides: tuple[str, ...], output: str | None) -> JobSpe
 
     items = list(overrides)
     if output is not None:
-        # Relative to where the command runs, as a user typing a path expects.
-        items.append(f"output.dir={Path(output).resolve()}")
+        # Relative to where the command runs, as a user typing a path expects; quoted, since
+        # --set values are YAML (a path holding ': ', '#' or a newline is still that path).
+        items.append(f"output.dir={json.dumps(str(Path(output).resolve()))}")
     return load_spec(job, items)
 
 

@@ -188,10 +188,6 @@ class OutDir:
     def part(self, unit_id: str) -> Path:
         return self.part_dir(unit_id) / f"{unit_id}{PART_SUFFIX}"
 
-    def commit_lock(self, unit_id: str) -> Path:
-        """Serializes commits of a unit where the filesystem has no hard links."""
-        return self.part_dir(unit_id) / f".{unit_id}{PART_SUFFIX}.commit"
-
     def parts_in(self, folder: Path) -> set[str]:
         """Unit ids committed in one directory of parts (one listing)."""
         try:

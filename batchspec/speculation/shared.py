@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -44,6 +45,9 @@ class SharedStats:
         """Other workers' files at the last read."""
         self._finished: set[str] = set()
         """Files unchanged for ``FINISHED_S`` at a read: skipped from then on."""
+        self._grown: dict[str, tuple[int, float]] = {}
+        """Per file: its size, and since when (our monotonic clock) it has had it; a file's
+        mtime against our clock would compare two hosts' clocks."""
         self._made = False
         self._paced_at = time.monotonic()
         self._cursor = ""
@@ -94,11 +98,24 @@ class SharedStats:
             with open(path, "rb") as fh:
                 fh.seek(start)
                 data = fh.read()
-                if time.time() - os.fstat(fh.fileno()).st_mtime > FINISHED_S:
-                    self._finished.add(name)
+            size, since = self._grown.get(name, (-1, time.monotonic()))
+            if size != start + len(data):
+                self._grown[name] = (start + len(data), time.monotonic())
+            elif time.monotonic() - since > FINISHED_S:
+                self._finished.add(name)
             end = data.rfind(b"\n") + 1
             for line in data[:end].splitlines():
                 if line.strip():
-                    found.append(Observation(**json.loads(line)))
+                    found += _observation(line, path)
             self._offsets[path] = start + end
         return found
+
+
+def _observation(line: bytes, path: Path) -> list[Observation]:
+    """One line's observation; none for a damaged line (a torn write, a stray edit), which
+    costs the K controller one measurement, never a worker or a ``status``."""
+    try:
+        return [Observation(**json.loads(line))]
+    except (ValueError, TypeError) as exc:
+        print(f"batchspec: {path}: a damaged line skipped ({exc})", file=sys.stderr)
+        return []
