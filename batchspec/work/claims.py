@@ -70,6 +70,8 @@ class Claims:
         self._beats_at = -float("inf")
         self._crowded = -float("inf")
         """When we last ran into others' units (done or held): only then is leases/ listed."""
+        self._fleet = 1
+        """The most live workers counted so far (``lingers``: at a fleet's end, fewer)."""
         self.done = DoneIndex(out)
         self.held = HeldIndex(out)
         self.watch = Watch(leases)
@@ -223,7 +225,8 @@ class Claims:
     def lingers(self) -> bool:
         """Whether this worker, its own work done, waits on units others hold: about
         ``LINGERERS`` of a fleet do, by name (a lingering GPU idles: a few suffice)."""
-        share = max(1, self.leases.live_workers() // LINGERERS)
+        self._fleet = max(self._fleet, self.leases.live_workers())
+        share = max(1, self._fleet // LINGERERS)
         digest = hashlib.sha1(self.leases.me.worker.encode()).hexdigest()
         return int(digest[:8], 16) % share == 0
 

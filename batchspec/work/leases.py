@@ -285,7 +285,9 @@ class Leases(LeaseDir):
                     with self._lock:
                         self._held.discard(unit_id)
         data = self.record() if self.record is not None else {}
-        units = self.progress() if self.progress is not None else {}
+        # Every lease we hold, claimed ahead or not yet handed to the engine included: a
+        # watcher takes over what the record lists, nothing more.
+        units = dict.fromkeys(self.held, 0) | (self.progress() if self.progress else {})
         self._beats += 1
         data |= {"worker": self.me.worker, "time": time.time(), "beat": self._beats}
         data |= {"beat_s": self.heartbeat_s, "timeout_s": self.timeout_s, "units": units}

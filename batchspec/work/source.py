@@ -87,14 +87,21 @@ class ClaimingSource:
         if unit is not None:
             self.ready.append(unit)
             return False
-        if not self.claims.deferred:
+        suspect = bool(self.claims.watch.suspects)
+        if not self.claims.deferred and not suspect:
             return True
-        # Others still hold units: a lingerer waits, to take over any they hand back or
-        # abandon (only once nothing else is left to run: the scheduler is empty), at least
-        # ``linger_s``, and then for as long as one of their holders may be dead.
+        # Others still hold units, or one we watch may be dead. We stay while the latter
+        # (until our watch takes its units over, or it beats again); a lingerer also waits
+        # to take over units handed back or abandoned (only once nothing else is left to
+        # run: the scheduler is empty), ``linger_s`` at least, and then for as long as one
+        # of their holders may be dead.
         if self._linger_since is None:
             self._linger_since = time.monotonic()
-        if self.scheduler or not self.claims.lingers() or not self.linger_s:
+        if self.scheduler:
+            return True
+        if suspect:
+            return False
+        if not self.claims.lingers() or not self.linger_s:
             return True
         if time.monotonic() - self._linger_since < self.linger_s:
             return False

@@ -44,6 +44,10 @@ class Watch:
     def __init__(self, leases: Leases):
         self.leases = leases
         self._at = time.monotonic()
+        self.suspects: set[str] = set()
+        """Watched workers silent for two heartbeats at the last look: maybe dead. Their
+        watcher does not leave before it knows (``ClaimingSource.exhausted``): a watcher
+        that starts over learns nothing from its first look, and waits a whole timeout."""
         leases.after_beat = self.look
 
     def look(self) -> None:
@@ -56,7 +60,7 @@ class Watch:
         leases.live_workers()  # the ring, counted again now and then
         ring = sorted(leases.ring, key=ring_key)
         me = leases.me.worker
-        live = 0
+        live, suspects = 0, set()
         for _ in range(MAX_DEAD):
             if len(ring) < 2:
                 break
@@ -75,6 +79,9 @@ class Watch:
                 ring.remove(other)
                 continue
             live += 1  # alive, or not yet watched silent for a timeout
+            if silent > 2 * leases.heartbeat_s:
+                suspects.add(other)
+        self.suspects = suspects
 
 
 def _own_timeout(leases: Leases, worker: str) -> float:
