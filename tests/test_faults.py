@@ -251,3 +251,16 @@ def test_a_damaged_line_of_shared_measurements_is_skipped(tmp_path: Path) -> Non
         fh.write('{"domain": "a", "k": \n{"not": "an observation"}\n')
     SharedStats(out, "w1").append(ob)
     assert SharedStats(out, "w0").read_new() == [ob, ob]
+
+
+def test_a_fresh_fanned_out_directory_is_cleaned_before_its_first_part(tmp_path: Path) -> None:
+    """A run of 4,096 units or more records the fanned-out layout when it binds the
+    directory; its workers clean temporaries before any part (or parts/) exists: found by
+    the 1,000-worker simulation, where every worker died at start with FileNotFoundError."""
+    from batchspec.io.layout import FANOUT
+    from batchspec.io.manifest import Manifest, claim_output_dir
+
+    out = OutDir(tmp_path)
+    claim_output_dir(out, Manifest("s", "f", None, 5000, 5000, 0.0, "v", parts_layout=FANOUT))
+    assert out.fanout and not out.parts.exists()
+    assert clean_stale_temps(out) == 0 and out.part_files() == []

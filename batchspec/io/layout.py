@@ -297,7 +297,8 @@ class OutDir:
     def _buckets(self) -> list[Path]:
         if not self.fanout:
             return []
-        return sorted(p for p in self.parts.iterdir() if p.is_dir() and not p.name.startswith("."))
+        names = _listing(self.parts)  # none yet before the first commit
+        return [self.parts / n for n in names if n[0] != "." and (self.parts / n).is_dir()]
 
     # -- what is committed --------------------------------------------------------------------
 
