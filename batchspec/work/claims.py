@@ -16,8 +16,9 @@ listings (``DoneIndex``, ``HeldIndex``), not a file operation per unit; a worker
 into a unit another holds jumps to the middle of what is left (work stealing by halves); the
 units it found held are looked at again once its walk is done, a few at a time, when they
 could be free (committed, handed back, or their holder silent for a lease timeout); dead
-workers' units are taken over by their watchers (``work.watch``); and a few workers of a
-fleet linger at the end for as long as a holder of the units left may be dead.
+workers' units are taken over by their watchers (``work.watch``), who do not leave while
+one they watch may be dead; and a few workers of a fleet linger at the end for units handed
+back.
 """
 
 from __future__ import annotations
@@ -62,12 +63,7 @@ class Claims:
         """Units left to a worker that walks ahead of us (``_jump``), taken once the plan is."""
         self._not_before: dict[str, float] = {}
         """Per deferred unit: when its holder could have been silent for a lease timeout."""
-        self._holders: dict[str, str | None] = {}
-        """Who held each deferred unit when we last looked (None: its lease names nobody)."""
-        self._watched: dict[str, float] = {}
-        """Since when (our clock) we have watched each holder's record (``holders_beat``)."""
         self._revisited = time.monotonic()
-        self._beats_at = -float("inf")
         self._crowded = -float("inf")
         """When we last ran into others' units (done or held): only then is leases/ listed."""
         self._fleet = 1
@@ -112,12 +108,12 @@ class Claims:
             return False
         crowded = time.monotonic() - self._crowded < 2 * HELD_S
         if crowded and uid not in self._not_before and self.held.held(uid):
-            self._defer(unit, self.leases.timeout_s, None)  # listed as held: no attempt now
+            self._defer(unit, self.leases.timeout_s)  # listed as held: no attempt now
             return False
         if not self.leases.try_claim(uid):
             self._crowded = time.monotonic()
             self.held.stale()
-            self._defer(unit, self.leases.wait_s, self.leases.held_by)
+            self._defer(unit, self.leases.wait_s)
             return False
         self._forget(uid)
         if not self._still_needed(unit):
@@ -125,17 +121,14 @@ class Claims:
             return False
         return True
 
-    def _defer(self, unit: WorkUnit, wait_s: float, holder: str | None) -> None:
+    def _defer(self, unit: WorkUnit, wait_s: float) -> None:
         """Look at a unit another holds again once its holder could be silent for a lease
         timeout (sooner once leases/ no longer lists it: committed, or handed back)."""
         self.deferred.append(unit)
         self._not_before[unit.unit_id] = time.monotonic() + max(wait_s, REVISIT_S)
-        if holder is not None:
-            self._holders[unit.unit_id] = holder
 
     def _forget(self, unit_id: str) -> None:
         self._not_before.pop(unit_id, None)
-        self._holders.pop(unit_id, None)
 
     def _still_needed(self, unit: WorkUnit) -> bool:
         """Checked under our lease: another worker may have finished the unit meanwhile."""
@@ -194,33 +187,6 @@ class Claims:
                 self._forget(uid)  # committed since: dropped at no turn's cost
             else:
                 self._again.append(unit)
-
-    def holders_beat(self) -> bool:
-        """Whether every holder of a deferred unit beats now: watched for two heartbeats, its
-        record changed within the last two. A lingerer asks (every half heartbeat; False
-        between looks) and stays while one may be dead: that one's units are due once it
-        was silent for a lease timeout, and taken over at the next look."""
-        now, beat_s = time.monotonic(), self.leases.heartbeat_s
-        if now - self._beats_at < beat_s / 2:
-            return False
-        self._beats_at = now
-        units: dict[str | None, list[str]] = {}
-        for uid in [u.unit_id for u in self.deferred]:
-            if uid not in self._holders:
-                info = self.leases.read(uid)
-                if info is None:  # gone: committed or handed back, looked at next
-                    self._not_before[uid] = 0.0
-                    continue
-                self._holders[uid] = info.holder.worker if info.holder else None
-            units.setdefault(self._holders[uid], []).append(uid)
-        beating = None not in units
-        for worker in [w for w in units if w is not None]:
-            silent = self.leases.silence_of(worker)
-            watched = now - self._watched.setdefault(worker, now)
-            beating &= watched >= 2 * beat_s and silent < 2 * beat_s
-            if silent > self.leases.timeout_s:
-                self._not_before.update(dict.fromkeys(units[worker], 0.0))
-        return beating
 
     def lingers(self) -> bool:
         """Whether this worker, its own work done, waits on units others hold: about

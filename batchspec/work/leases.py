@@ -160,8 +160,6 @@ class Leases(LeaseDir):
         self.wait_s = 0.0
         """How long the live lease the last failed ``try_claim`` found cannot go stale, by
         this process's watch of its holder (a claimant need not look again sooner)."""
-        self.held_by: str | None = None
-        """The holder of that lease (None: it names none)."""
 
     def _create(self, unit_id: str) -> bool:
         if not create_exclusive(self.path(unit_id), self._payload):
@@ -181,7 +179,6 @@ class Leases(LeaseDir):
         info = self.read(unit_id)
         if info is None:
             return self._create(unit_id)
-        self.held_by = info.holder.worker if info.holder is not None else None
         if info.holder is None or not info.holder.is_dead_here():
             timeout = max(self.timeout_s, info.holder.timeout_s if info.holder else 0.0)
             silent = self.silence(info)

@@ -92,20 +92,16 @@ class ClaimingSource:
             return True
         # Others still hold units, or one we watch may be dead. We stay while the latter
         # (until our watch takes its units over, or it beats again); a lingerer also waits
-        # to take over units handed back or abandoned (only once nothing else is left to
-        # run: the scheduler is empty), ``linger_s`` at least, and then for as long as one
-        # of their holders may be dead.
+        # ``linger_s`` for units handed back or abandoned (only once nothing else is left
+        # to run: the scheduler is empty).
         if self._linger_since is None:
             self._linger_since = time.monotonic()
         if self.scheduler:
             return True
         if suspect:
             return False
-        if not self.claims.lingers() or not self.linger_s:
-            return True
-        if time.monotonic() - self._linger_since < self.linger_s:
-            return False
-        return self.claims.holders_beat()
+        linger = self.linger_s if self.claims.lingers() else 0.0
+        return time.monotonic() - self._linger_since >= linger
 
     def wait(self) -> None:
         time.sleep(1.0 if self._linger_since is not None else 0.05)
