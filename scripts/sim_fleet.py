@@ -41,6 +41,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _fleet_off import SWITCHES, check, switch_off
 from _fleet_ops import OpCounter
 from _fleet_worker import SimWorker, plan, scale_periods
 
@@ -51,6 +52,7 @@ def run_process(cfg: dict, index: int, names: list[str], t0: float, result_path:
     """One process of the fleet: its share of the workers as threads, from ``t0``."""
     counter = OpCounter(cfg["out"], t0)
     counter.install()
+    switch_off(cfg["off"])
     scale_periods(cfg["speed"])
     units = plan(cfg["units"], cfg["rows"])
     workers = [SimWorker(cfg, name, f"simhost-{name}", units, t0) for name in names]
@@ -328,6 +330,7 @@ def config(args: argparse.Namespace, workers: int, out: Path) -> dict:
         "kills": args.kills if args.kills >= 0 else max(1, workers // 64),
         "kill_after_s": args.kill_at or args.unit_s * args.units_per_worker / (2 * args.depth),
         "slow": args.slow,
+        "off": args.off,
         "procs": procs,
         "max_s": args.max_s,
         "heartbeat_s": 20.0,
@@ -358,7 +361,14 @@ def main() -> None:
     ap.add_argument("--max-s", type=float, default=900.0, help="wall-clock cap per fleet")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: temp)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument(
+        "--off",
+        type=lambda v: [x for x in v.split(",") if x],
+        default=[],
+        help=f"mechanisms switched off: {','.join(SWITCHES)} (_fleet_off)",
+    )
     args = ap.parse_args()
+    check(args.off)  # an unknown name fails here, before a fleet starts
     sizes = [16, 64, 256, 1000] if args.table else [args.workers]
     base = args.out or Path(tempfile.mkdtemp(prefix="sim-fleet-"))
     print(HEADER, flush=True)

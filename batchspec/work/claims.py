@@ -175,12 +175,16 @@ class Claims:
         """Our walk done: up to ``REVISIT_UNITS`` deferred units that could be free now, to
         ``_again``; the others keep their turn. Free now: gone from leases/ (looked up in a
         new listing of parts first, ``DoneIndex.recheck``: at a fleet's end every worker that
-        passed a unit asks at once), or its holder could have been silent for a timeout."""
+        passed a unit asks at once), or, for a lingerer, its holder could have been silent
+        for a timeout."""
         now = self._revisited = time.monotonic()
+        lingering = self.lingers()
         for _ in range(len(self.deferred)):
             unit = self.deferred.popleft()
             uid = unit.unit_id
-            could_be_stale = self._not_before.get(uid, 0) <= now
+            # A worker on its way out leaves units whose holder may be dead to the watchers
+            # and lingerers (at 1,000 workers their last looks made 14,000 conflicts).
+            could_be_stale = lingering and self._not_before.get(uid, 0) <= now
             if len(self._again) >= REVISIT_UNITS or not (could_be_stale or not self.held.held(uid)):
                 self.deferred.append(unit)
             elif self.done.done(uid) or (not could_be_stale and self.done.recheck(uid)):
