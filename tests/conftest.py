@@ -194,10 +194,12 @@ def signal_group(
             return until(proc.pid)
         if "BATCHSPEC_INJECT_ENGINE_HANG" not in (env or {}):
             return len(list((out / "parts").glob("*.parquet"))) > parts
-        # Hung: wait for its engine to be up, with units in flight (its progress record).
+        # Hung: wait for its engine to be up, with units in flight (its progress record's
+        # open units: its ``units`` lists every lease held, claimed ahead ones included).
         for path in (out / "leases").glob("*.progress.json"):
             with contextlib.suppress(OSError, ValueError):
-                if path.stat().st_mtime >= t0 and json.loads(path.read_text())["units"]:
+                record = json.loads(path.read_text())
+                if path.stat().st_mtime >= t0 and record.get("open", {}).get("units"):
                     return True
         return False
 

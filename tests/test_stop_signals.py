@@ -120,3 +120,28 @@ def test_a_stop_ends_an_engine_start_at_once(tmp_path: Path) -> None:
     assert out.startswith("aborted"), out
     seconds, exitcode = float(out.split()[1]), int(out.split()[2])
     assert seconds < 3.0 and exitcode == -9, out  # its process killed, not left to run
+
+
+AFTER = """
+import os, signal, time
+from batchspec.work.stopping import REPEAT_S, StopFlag
+
+stop = StopFlag(20)
+with stop.installed():
+    os.kill(os.getpid(), signal.SIGTERM)  # the first: a stop; the block ends as a run's does
+print("stopped", stop.stopping, flush=True)
+time.sleep(REPEAT_S + 0.2)  # the clean-up after the run (the engine's close, the leases)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(5)
+print("not quit", flush=True)
+"""
+
+
+def test_a_second_signal_during_the_clean_up_quits_at_once(tmp_path: Path) -> None:
+    # The handler stays after a stop: a second signal while the run cleans up quits with 128 +
+    # its number (the old handler, restored, ended the process with -2 there instead).
+    script = tmp_path / "after.py"
+    script.write_text(AFTER)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert result.returncode == 128 + 2 and "stopped True" in result.stdout, result
+    assert "not quit" not in result.stdout and "quitting now" in result.stderr, result

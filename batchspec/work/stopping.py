@@ -90,5 +90,9 @@ class StopFlag:
         except StartAborted:
             pass
         finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
+            # After a stop, the handler stays for the clean-up that follows (the engine's
+            # close, the leases handed back): a second signal then still quits at once with
+            # 128 + its number, where the old handler would end the process some other way.
+            if not self.stopping:
+                for s, handler in old.items():
+                    signal.signal(s, handler)
