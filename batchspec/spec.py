@@ -20,6 +20,7 @@ from pydantic import Field, field_validator, model_validator
 from batchspec.errors import UserError
 from batchspec.spec_base import _Section, _shown
 from batchspec.spec_execution import ExecutionSpec
+from batchspec.spec_input import JSONL_SUFFIXES, InputSpec, with_format
 from batchspec.spec_keys import (
     ENGINE_KEYS_SET,
     OUTPUT_NEUTRAL,
@@ -28,7 +29,6 @@ from batchspec.spec_keys import (
     checked_k_grid,
     k_per_domain,
     known_to_vllm,
-    listed_once,
     not_blank,
     not_set_by_batchspec,
     room_for_a_prompt,
@@ -49,47 +49,6 @@ MAX_NUM_SEQS = 16_384
 256 to 1024), and engines size buffers by it (the tree engine its KV cache)."""
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
-
-
-class InputSpec(_Section):
-    """Where the prompts come from and which columns mean what."""
-
-    path: str = Field(
-        description="Parquet file, directory (all `*.parquet` below it) or glob; relative to "
-        "the spec file"
-    )
-    id_column: str = Field("id", description="unique row id, copied to the output's `id`")
-    prompt_column: str | None = Field(
-        None,
-        description="prompt text (set this or `messages_column`)",
-        json_schema_extra=_shown("–"),
-    )
-    messages_column: str | None = Field(
-        None,
-        description="OpenAI-style chat: a list of `{role, content}` structs",
-        json_schema_extra=_shown("–"),
-    )
-    apply_chat_template: bool = Field(
-        True,
-        description="wrap `prompt_column` text as one user turn and apply the model's chat "
-        "template (an instruct model expects it); `false` sends the raw text",
-    )
-    system_prompt: str | None = Field(None, description="system turn prepended to chats without")
-    domain_column: str | None = Field(
-        None,
-        description="the row's domain: units are single-domain and speculation is set per domain",
-    )
-    passthrough_columns: list[str] = Field(
-        default_factory=list, description="input columns copied to every output row"
-    )
-
-    _once = field_validator("passthrough_columns")(listed_once)
-
-    @model_validator(mode="after")
-    def _one_prompt_source(self) -> InputSpec:
-        if (self.prompt_column is None) == (self.messages_column is None):
-            raise ValueError("set exactly one of prompt_column and messages_column")
-        return self
 
 
 class OutputSpec(_Section):
@@ -275,10 +234,16 @@ class JobSpec(_Section):
     base_dir: str = Field(".", exclude=True)
 
     _name = field_validator("name")(safe_name)
+    _format = model_validator(mode="before")(with_format)
 
     @model_validator(mode="after")
     def _sampling_on_engine(self) -> JobSpec:
         check_engine(self.sampling, self.speculative.engine)
+        if self.input.format == "openai-batch" and self.sampling.columns:
+            raise ValueError(
+                "sampling.columns: an OpenAI batch file's requests take their settings from "
+                "their bodies"
+            )
         room_for_a_prompt(self.sampling.max_tokens, self.model.max_model_len)
         if self.speculative.engine == TREE and self.model.tensor_parallel_size > 1:
             raise ValueError(
@@ -296,17 +261,25 @@ class JobSpec(_Section):
         return self.resolve(self.output.dir)
 
     def input_files(self) -> list[Path]:
-        """The input Parquet files, sorted so that planning is deterministic."""
+        """The files ``input.path`` names, sorted so that planning is deterministic: Parquet
+        files, or for JSON lines formats the JSONL files; for ``hf``, the dataset's folder
+        (``io/sources.py`` finds its files)."""
         raw = self.input.path
         p = self.resolve(raw)
-        if p.is_dir():
-            files = sorted(p.rglob("*.parquet"))
+        lines = self.input.format in ("jsonl", "openai-batch")
+        kind = "JSONL" if lines else "Parquet"
+        if self.input.format == "hf":
+            files = [p] if p.exists() else []
+            kind = "dataset"
+        elif p.is_dir():
+            found = (f for s in JSONL_SUFFIXES for f in p.rglob(f"*{s}")) if lines else None
+            files = sorted(found) if found is not None else sorted(p.rglob("*.parquet"))
         elif any(ch in raw for ch in "*?["):
             files = sorted(Path(f) for f in glob.glob(str(p), recursive=True))
         else:
             files = [p] if p.exists() else []
         if not files:
-            raise UserError(f"input.path: no Parquet file matches {raw!r} (looked at {p})")
+            raise UserError(f"input.path: no {kind} file matches {raw!r} (looked at {p})")
         return files
 
     def content_hash(self) -> str:

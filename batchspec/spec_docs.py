@@ -31,6 +31,7 @@ PAGES = {
     "Choosing K": "choosing-k.md",
     "Draft trees": "trees.md",
     "Routing a job to the faster engine": "choosing-k.md#routing-a-job-to-the-faster-engine",
+    "Inputs and outputs": "inputs-outputs.md",
 }
 """Pages of ``docs/`` that field descriptions point to as ``*Title*``: linked in the reference,
 so a description stays plain text in ``spec.py`` and a link on the page."""

@@ -13,6 +13,8 @@ from batchspec.vllm_names import LLM_KEYWORDS, QUANTIZATION_METHODS, VLLM_VERSIO
 OUTPUT_NEUTRAL: frozenset[str] = frozenset(
     {
         "name",
+        "input.format",
+        "input.split",
         "output.dir",
         "model.tensor_parallel_size",
         "model.max_num_seqs",
@@ -38,7 +40,10 @@ they are left out of the content hash and may change between runs into one outpu
 where output goes, batch size and parallelism, and all of speculation and which engine serves
 it (lossless: each keeps the target's output distribution; every row records the method and K
 it ran with). Every other key is hashed, so a new key binds the output directory unless it is
-added here, with its reason."""
+added here, with its reason. ``input.format`` and ``input.split`` say how to find and read the
+input, and what they select is bound already: by the input's fingerprint in the manifest (the
+files read) and by the columns the format implies, which are hashed; left out, a job written
+before they existed keeps its hash."""
 
 
 ENGINE_KEYS_SET = {

@@ -142,6 +142,8 @@ CHANGES: dict[str, list[str]] = {
     "input.system_prompt": ["input.system_prompt=hi"],
     "input.domain_column": ["input.domain_column=topic"],
     "input.passthrough_columns": ["input.passthrough_columns=[]"],
+    "input.format": ["input.format=parquet"],
+    "input.split": ["input.format=hf", "input.split=test"],
     "output.dir": ["output.dir=/elsewhere"],
     "output.unit_rows": ["output.unit_rows=9"],
     "model.model": ["model.model=/other/model"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -19,15 +20,19 @@ from typing import Any
 import pyarrow as pa
 
 from batchspec.errors import UserError
+from batchspec.io.convert import Staging, staged_files
 from batchspec.io.ids import check_ids
 from batchspec.io.inputs import check_columns
+from batchspec.io.layout import OutDir
 from batchspec.io.model_checks import check_context, check_draft, check_parallel
 from batchspec.io.planner import plan_units
-from batchspec.io.reader import UnitReader
+from batchspec.io.reader import UnitReader, required_columns
+from batchspec.io.sources import Source, input_sources
 from batchspec.io.writer import RESERVED
-from batchspec.models import load_tokenizer, resolve_model
+from batchspec.models import BUILTIN_PREFIX, load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import TREE
+from batchspec.spec_sampling import TREE_UNSUPPORTED
+from batchspec.spec_tree import TREE, VLLM
 from batchspec.units import WorkUnit
 
 # Texts a draft and its target must encode identically: prose, code, digits, non-ASCII.
@@ -95,8 +100,27 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
     plan the units."""
     inp = spec.input
     check_output_dir(spec.output_dir)
-    files = spec.input_files()
-    check_output_apart(spec, files)
+    sources = input_sources(spec)
+    check_output_apart(spec, [s.path for s in sources])
+    models = check_models(spec) if inp.format == "openai-batch" else None  # bodies name one
+    made = any(s.staged for s in sources) and not spec.output_dir.exists()
+    try:
+        files = stage_input(spec, sources, models[0] if models else None)
+        return _checked(spec, files, models, limit)
+    except UserError:
+        if made:  # refused: the output directory staging made goes, as if never written
+            shutil.rmtree(spec.output_dir, ignore_errors=True)
+        raise
+
+
+def _checked(
+    spec: JobSpec,
+    files: list[Path],
+    models: tuple[Path, Path, Path | None] | None,
+    limit: int | None,
+) -> Preflight:
+    """``preflight``'s checks of the Parquet files the job reads (staged or not)."""
+    inp = spec.input
     types = check_columns(files, inp, spec.sampling)
     clash = sorted(RESERVED.intersection(inp.passthrough_columns))
     if clash:
@@ -104,7 +128,7 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
             f"input.passthrough_columns: {clash[0]!r} is an output column name; "
             "rename it in the input or leave it out"
         )
-    target, tok_dir, draft = check_models(spec)
+    target, tok_dir, draft = models or check_models(spec)
     units = plan_units(files, spec.output.unit_rows, inp.domain_column, limit)
     if not units:
         raise UserError(f"input.path: {inp.path} holds no rows")
@@ -114,6 +138,31 @@ def preflight(spec: JobSpec, limit: int | None = None) -> Preflight:
     for warning in warnings:
         print(f"batchspec: warning: {warning}", file=sys.stderr)
     return Preflight(files, types, units, target, tok_dir, draft, reader, warnings)
+
+
+def stage_input(spec: JobSpec, sources: list[Source], target: Path | None) -> list[Path]:
+    """The Parquet files the job reads: its Parquet sources as they are, the others staged
+    once into the output directory (``io/convert.py``); ``target``: the job's model, which an
+    OpenAI batch request may name."""
+    if not any(s.staged for s in sources):
+        return [s.path for s in sources]
+    how = Staging(
+        spec.input,
+        spec.sampling,
+        spec.output.unit_rows,
+        required_columns(spec.input, spec.sampling),
+        models=_model_names(spec.model.model, target) if target else [],
+        refused=list(TREE_UNSUPPORTED) if spec.speculative.engine != VLLM else [],
+    )
+    files, _ = staged_files(OutDir(spec.output_dir), sources, how)
+    return files
+
+
+def _model_names(model: str, target: Path) -> list[str]:
+    """What a request's ``model`` may say to mean the job's model: as the job names it, its
+    directory, the directory's name, an embedded model's name without ``builtin:``."""
+    names = [model, str(target), target.name, model.removeprefix(BUILTIN_PREFIX)]
+    return list(dict.fromkeys(names))
 
 
 def check_models(spec: JobSpec) -> tuple[Path, Path, Path | None]:

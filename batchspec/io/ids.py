@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import UserError
+from batchspec.io.convert import where_in_source
 
 BATCH_ROWS = 65536
 
@@ -53,6 +54,9 @@ def check_ids(files: list[Path], column: str, limit: int | None = None) -> None:
     for path, row, ids in _id_batches(files, column, limit):
         if ids.null_count:
             first = row + int(pc.index(pc.is_null(ids), True).as_py())
+            staged = where_in_source(path, first)
+            if staged is not None:  # a row staged from a line: named by its line
+                raise UserError(f"{staged}: input.id_column {column!r} is null")
             raise UserError(f"{path}: input.id_column {column!r} is null at row {first}")
         hashes.append(_hashes(ids))
     if not hashes:
@@ -74,6 +78,12 @@ def _report_duplicate(files: list[Path], column: str, limit: int | None, hashes:
         for i in hits:
             value = ids[int(i)].as_py()
             if value in seen:
+                staged = where_in_source(path, row + int(i))
+                if staged is not None:  # rows staged from lines: named by their lines
+                    raise UserError(
+                        f"{staged}: input.id_column {column!r}: id {value!r} repeats the id at "
+                        f"{where_in_source(*seen[value])}; ids must be unique"
+                    )
                 first_path, first_row = seen[value]
                 where = "" if first_path == path else f"{first_path} "
                 raise UserError(

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchspec.errors import UserError
+from batchspec.io.convert import ERROR, SETTINGS, STAGED_EXTRA
 from batchspec.io.reader import UnitReader, required_columns
 from batchspec.spec import InputSpec
 from batchspec.spec_sampling import SamplingSpec
@@ -99,7 +100,8 @@ def _field_of(spec: InputSpec, col: str, sampling: SamplingSpec | None = None) -
     return "input.passthrough_columns entry"
 
 
-def _messages_error(messages: Any) -> str | None:
+def messages_error(messages: Any) -> str | None:
+    """Why ``messages`` cannot be a chat prompt, or None (shared with JSONL staging)."""
     if not isinstance(messages, list) or not messages:
         return "messages is not a non-empty list"
     for i, msg in enumerate(messages):
@@ -139,7 +141,7 @@ class PromptBuilder:
         self.reader = reader or UnitReader(spec, sampling=sampling)
         """Where units' rows come from: a run passes one that reads staged copies."""
         self.columns = required_columns(spec, sampling)
-        self._settings: dict[tuple, tuple[SamplingSpec | None, str | None]] = {}
+        self._settings: dict[Any, tuple[SamplingSpec | None, int | None, str | None]] = {}
 
     def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if self.spec.system_prompt is not None and messages[0]["role"] != "system":
@@ -153,7 +155,7 @@ class PromptBuilder:
     def encode(self, value: Any) -> tuple[list[int] | None, str | None]:
         spec = self.spec
         if spec.messages_column:
-            err = _messages_error(value)
+            err = messages_error(value)
             if err:
                 return None, err
             messages = [{"role": m["role"], "content": m["content"]} for m in value]
@@ -170,22 +172,16 @@ class PromptBuilder:
         """The unit's rows as requests; with ``positions``, only the rows at those positions."""
         spec = self.spec
         table = self.reader.read(unit)
-        prompt_col = spec.prompt_column or spec.messages_column
-        data = {name: table.column(name).to_pylist() for name in [*self.columns, "__row"]}
+        extra = [c for c in STAGED_EXTRA if c in table.column_names]
+        data = {name: table.column(name).to_pylist() for name in [*self.columns, "__row", *extra]}
         out = UnitRequests(unit)
         for i, row in enumerate(data["__row"]):
-            try:
-                ids, error = self.encode(data[prompt_col][i])
-            except Exception as exc:  # a template or tokenizer failure is this row's problem
-                ids, error = None, f"prompt could not be encoded: {exc}"
-            # Longer than the context cannot run at all; the engine's own, finer checks (room
-            # for one output token, vocabulary) still apply at submission.
-            if ids is not None and len(ids) > self.max_model_len:
-                error = f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}"
-                ids = None
-            settings, bad = self._row_sampling(data, i)
+            ids, error = self._prompt_ids(data, i)
+            settings, own_seed, bad = self._row_sampling(data, i)
             for j in range(self.sampling.n if self.sampling is not None else 1):
                 seed = None if self.seed is None else row_seed(self.seed, unit.file_index, row, j)
+                if own_seed is not None:  # a request's seed: its samples' whatever its place
+                    seed = own_seed if j == 0 else row_seed(own_seed, 0, 0, j)
                 out.rows.append(
                     RowRequest(
                         row=row,
@@ -204,15 +200,46 @@ class PromptBuilder:
             out.positions = positions
         return out
 
+    def _prompt_ids(self, data: dict[str, list], i: int) -> tuple[list[int] | None, str | None]:
+        """Row ``i``'s prompt as token ids, or its error: found when it was staged (naming its
+        line), or here. An OpenAI completions request's prompt is raw text (no template)."""
+        staged = data.get(ERROR)
+        if staged is not None and staged[i] is not None:
+            return None, staged[i]
+        value = data[self.spec.prompt_column or self.spec.messages_column][i]
+        raw = self.spec.format == "openai-batch" and value is None
+        try:
+            if raw:
+                ids, error = self.tokenizer(data["prompt"][i])["input_ids"], None
+            else:
+                ids, error = self.encode(value)
+        except Exception as exc:  # a template or tokenizer failure is this row's problem
+            ids, error = None, f"prompt could not be encoded: {exc}"
+        # Longer than the context cannot run at all; the engine's own, finer checks (room
+        # for one output token, vocabulary) still apply at submission.
+        if ids is not None and len(ids) > self.max_model_len:
+            return None, f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}"
+        return ids, error
+
     def _row_sampling(
         self, data: dict[str, list], i: int
-    ) -> tuple[SamplingSpec | None, str | None]:
-        """Row ``i``'s settings where its columns set some (None: the job's), or its error."""
-        if self.sampling is None or not self.sampling.columns:
-            return None, None
+    ) -> tuple[SamplingSpec | None, int | None, str | None]:
+        """Row ``i``'s settings where its columns (or its request's body) set some (None: the
+        job's), its own seed (a request's), or its error."""
+        if self.sampling is None:
+            return None, None, None
+        requests = data.get(SETTINGS)
+        if requests is not None and requests[i] is not None:
+            from batchspec.io.openai_batch import request_settings
+
+            if requests[i] not in self._settings:
+                self._settings[requests[i]] = request_settings(self.sampling, requests[i])
+            return self._settings[requests[i]]
+        if not self.sampling.columns:
+            return None, None, None
         values = {key: data[col][i] for key, col in self.sampling.columns.items()}
         key = tuple(values.items())
         if key not in self._settings:  # rows share few distinct values: check each once
             settings, error = self.sampling.for_row(values)
-            self._settings[key] = (None if settings is self.sampling else settings), error
+            self._settings[key] = (None if settings is self.sampling else settings), None, error
         return self._settings[key]

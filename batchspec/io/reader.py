@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from batchspec.io.convert import STAGED_EXTRA
 from batchspec.io.layout import OutDir
 from batchspec.io.staging import ROW, StagedCopy, needs_staging, stage_file, staged_name
 from batchspec.spec import InputSpec
@@ -24,8 +25,10 @@ from batchspec.units import WorkUnit
 
 def required_columns(spec: InputSpec, sampling: SamplingSpec | None = None) -> list[str]:
     """The input columns a job reads: id, prompt or messages, domain, pass-through, and the
-    per-row sampling settings' (``sampling.columns``)."""
+    per-row sampling settings' (``sampling.columns``); an OpenAI batch file's, the format's."""
     cols = [spec.id_column, spec.prompt_column or spec.messages_column]
+    if spec.format == "openai-batch":
+        cols.append("prompt")  # a completions request's raw text (``io/openai_batch.py``)
     if spec.domain_column:
         cols.append(spec.domain_column)
     cols.extend(spec.passthrough_columns)
@@ -149,7 +152,7 @@ class UnitReader:
             self._copies[path] = None
             return None
         assert self.out is not None and self.unit_rows is not None
-        args = (Path(path), self._stop(path), self.unit_rows, self.columns)
+        args = (Path(path), self._stop(path), self.unit_rows, self.columns_of(path))
         if not wait and self.out.staging_lock(staged_name(*args)).exists():
             return None
         result = stage_file(self.out, *args, self.domain_column)
@@ -158,12 +161,19 @@ class UnitReader:
         self._copies[path] = StagedCopy(result.path, self.unit_rows)
         return self._copies[path]
 
+    def columns_of(self, path: str) -> list[str]:
+        """The job's columns, and those a staged input file adds (``convert.STAGED_EXTRA``:
+        a row's error, a request's settings) where the file has them."""
+        names = self._file(path).schema_arrow.names
+        return self.columns + [c for c in STAGED_EXTRA if c in names and c not in self.columns]
+
     def read(self, unit: WorkUnit) -> pa.Table:
         """The unit's rows in input order, with ``__row`` (their row numbers in the file)."""
+        columns = self.columns_of(unit.path)
         copy = self._copy(unit.path)
         if copy is not None:
-            table = copy.read(unit.start, unit.domain, self.columns)
+            table = copy.read(unit.start, unit.domain, columns)
             if table is not None and table.num_rows == unit.num_rows:
                 return table
             # Not in the copy (a unit not planned from this input): the file has every row.
-        return read_unit_table(unit, self.columns, self.domain_column, self._file(unit.path))
+        return read_unit_table(unit, columns, self.domain_column, self._file(unit.path))

@@ -28,7 +28,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +111,17 @@ def stage_file(
 ) -> StageResult:
     """The staged copy of rows ``[0, stop)`` of ``src``: found, waited for, or made here."""
     name = staged_name(src, stop, unit_rows, columns)
+
+    def write(tmp: Path, lock: FileLock) -> None:
+        _write_copy(src, tmp, stop, unit_rows, columns, domain_column, lock)
+
+    return build_once(out, name, write)
+
+
+def build_once(out: OutDir, name: str, write: Callable[[Path, FileLock], None]) -> StageResult:
+    """``OUT/staged/<name>``: found, waited for (another worker builds it), or built here by
+    ``write(folder, lock)`` into a temporary folder renamed into place whole (it exists
+    complete or not at all); ``write`` refreshes the lock as it goes."""
     final = out.staged_copy(name)
     started = time.perf_counter()
     if final.is_dir():
@@ -128,34 +139,19 @@ def stage_file(
                 # Under the lock, only an earlier holder's copy (dead, or silent for
                 # LOCK_STALE_S) can be here.
                 shutil.rmtree(old, ignore_errors=True)
-            _write_copy(src, final, stop, unit_rows, columns, domain_column, lock)
+            _publish(final, lambda tmp: write(tmp, lock))
             return StageResult(final, time.perf_counter() - started, True)
         finally:
             lock.release()
     return StageResult(final, time.perf_counter() - started, False)
 
 
-def _write_copy(
-    src: Path,
-    final: Path,
-    stop: int,
-    unit_rows: int,
-    columns: list[str],
-    domain_column: str | None,
-    lock: FileLock,
-) -> None:
-    """Write the shards into a temporary directory, then rename it to ``final`` (first wins)."""
+def _publish(final: Path, write: Callable[[Path], None]) -> None:
+    """Write into a temporary directory, then rename it to ``final`` (first wins)."""
     tmp = temp_name(final)
     tmp.mkdir()
     try:
-        pf = pq.ParquetFile(src, buffer_size=READ_BUFFER, pre_buffer=False)
-        fields = [pf.schema_arrow.field(c) for c in columns] + [pa.field(ROW, pa.int64())]
-        shards = _ShardWriter(tmp, pa.schema(fields), lock)
-        for start, chunk in _chunks(pf, columns, stop, unit_rows):
-            for domain, rows in _split_by_domain(chunk, domain_column):
-                shards.add_group(start, domain, rows)
-            shards.end_chunk()
-        shards.close()
+        write(tmp)
         fsync_dir(tmp)
         try:
             os.rename(tmp, final)
@@ -165,6 +161,26 @@ def _write_copy(
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_copy(
+    src: Path,
+    folder: Path,
+    stop: int,
+    unit_rows: int,
+    columns: list[str],
+    domain_column: str | None,
+    lock: FileLock,
+) -> None:
+    """The shards of the copy, written into ``folder``."""
+    pf = pq.ParquetFile(src, buffer_size=READ_BUFFER, pre_buffer=False)
+    fields = [pf.schema_arrow.field(c) for c in columns] + [pa.field(ROW, pa.int64())]
+    shards = _ShardWriter(folder, pa.schema(fields), lock)
+    for start, chunk in _chunks(pf, columns, stop, unit_rows):
+        for domain, rows in _split_by_domain(chunk, domain_column):
+            shards.add_group(start, domain, rows)
+        shards.end_chunk()
+    shards.close()
 
 
 def _chunks(
