@@ -141,14 +141,26 @@ def report(out_dir: str, plots: str | None, markdown: bool) -> None:
 
 
 @click.command(
-    short_help="Write a run's rows as a Hugging Face dataset.",
+    short_help="Write a run's rows as a Hugging Face dataset, or as JSON lines.",
     epilog=examples(
         "batchspec export out/synth_data --to datasets/synth_data",
         "batchspec export out/synth_data --to datasets/so_far --allow-unfinished",
+        "batchspec export out/requests --to results.jsonl --format openai-batch",
     ),
 )
 @out_argument
-@click.option("--to", "dest", required=True, type=click.Path(), help="New dataset folder.")
+@click.option(
+    "--to", "dest", required=True, type=click.Path(), help="New dataset folder (or file)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "jsonl", "openai-batch"]),
+    default="parquet",
+    show_default=True,
+    help="parquet: a Hugging Face dataset folder; jsonl: a file of one row per line; "
+    "openai-batch: a file of one response per input row, as vllm run-batch writes them.",
+)
 @click.option(
     "--include-errors/--drop-errors",
     default=True,
@@ -177,11 +189,23 @@ def export(
     allow_unfinished: bool,
     shard_mb: float,
     prompts: bool,
+    fmt: str,
 ) -> None:
-    """Write OUT_DIR's rows as one Hugging Face dataset (Parquet shards, dataset card)."""
+    """Write OUT_DIR's rows in input order as one Hugging Face dataset (Parquet shards,
+    dataset card), or as one JSON lines file (``--format``)."""
     from batchspec.observe.export import export_dataset
 
     out = existing_out(out_dir)
+    if fmt != "parquet":
+        from batchspec.observe.export_lines import export_lines
+
+        lines = export_lines(out, Path(dest), fmt, include_errors, allow_unfinished, prompts)
+        errors = "kept" if include_errors else "left out"
+        click.echo(
+            f"exported {lines.rows} rows in input order to {lines.dest} as {fmt} "
+            f"({lines.lines} lines; {lines.error_rows} error rows {errors})"
+        )
+        return
     r = export_dataset(out, Path(dest), include_errors, allow_unfinished, shard_mb, prompts)
     errors = "kept" if include_errors else "left out"
     missing = f", {r.missing_rows} rows not generated yet" if r.missing_rows else ""
