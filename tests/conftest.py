@@ -80,6 +80,7 @@ LONGEST_FIRST = [
     "test_slurm.py",
     "test_adaptive.py",
     "test_e2e.py",
+    "test_run_batch.py",
     "test_tree_engine.py",
     "test_observe_run.py",
     "test_orphans.py",

@@ -28,7 +28,9 @@ CITED_PATH = re.compile(
 )
 """A cited repository path: under a top-level or package folder, or a bare module file name."""
 PATH_IN_BLOCK = re.compile(r"(?:scripts|jobs|tests|batchspec)/[\w./-]+\.(?:py|yaml|sh)")
-COMMAND = re.compile(r"(^\s*|\$ |bin/|\s)batchspec ((?:slurm|models) [a-z]+|[a-z]+)\b([^|#;&]*)")
+COMMAND = re.compile(
+    r"(^\s*|\$ |bin/|\s)batchspec ((?:slurm|models) [a-z]+|[a-z]+(?:-[a-z]+)*)\b([^|#;&]*)"
+)
 """``batchspec CMD ...``: where it starts a quote (or follows ``$ `` or ``bin/``) CMD must be a
 command; elsewhere (``ruff check batchspec tests``) only a real command's flags are checked."""
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")

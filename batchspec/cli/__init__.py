@@ -1,5 +1,5 @@
-"""Command line: ``batchspec run | validate | tune | verify | status | report | export | slurm |
-models``.
+"""Command line: ``batchspec run | validate | tune | verify | status | report | export |
+run-batch | slurm | models``.
 
 User mistakes (``UserError``) print one line and exit 2, with no traceback; everything else is
 a bug and keeps its traceback. Commands import the heavy parts (vLLM, polars) only when run.
@@ -11,7 +11,7 @@ import os
 
 import click
 
-from batchspec.cli import cluster, distill, jobs, observe, verify
+from batchspec.cli import batch, cluster, distill, jobs, observe, verify
 from batchspec.cli.common import examples
 
 
@@ -46,6 +46,7 @@ def main(ctx: click.Context) -> None:
 
 for command in (jobs.run, jobs.validate, jobs.tune, observe.status, observe.report, observe.export):
     main.add_command(command)
+main.add_command(batch.run_batch)
 main.add_command(verify.verify)
 main.add_command(distill.distill)
 main.add_command(cluster.slurm)

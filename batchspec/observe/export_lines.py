@@ -199,15 +199,18 @@ class _Responses:
         }
 
     def _logprobs(self, positions: list[list[dict]] | None, chat: bool) -> dict | None:
-        """The row's ``logprobs`` column (per position: the chosen token first, then the top
-        ones) in OpenAI's shape: chat's ``content`` list, or completions' parallel lists."""
+        """The row's ``logprobs`` column in OpenAI's shape: chat's ``content`` list, or
+        completions' parallel lists. A position holds the chosen token, then the others of
+        the engine's top k (k entries when the chosen is among the top k, k + 1 when not):
+        k is the fewest a position holds, and a position's top k its best k of all."""
         if not positions:
             return None
         tok = self.tokenizer()
+        k = min(len(pos) for pos in positions)
         entries = []
         for pos in positions:
-            chosen, top = pos[0], pos[1:]
-            entries.append((self._token(tok, chosen), chosen["logprob"], top))
+            best = sorted(pos, key=lambda c: -c["logprob"])[:k]
+            entries.append((self._token(tok, pos[0]), pos[0]["logprob"], best))
         if chat:
             content = [
                 {
