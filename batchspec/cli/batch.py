@@ -125,6 +125,8 @@ def _job_file(job_path: str | None) -> tuple[dict[str, Any], Path]:
         job = load_yaml(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"--job {job_path}: cannot read it ({exc})") from None
+    except UserError:
+        raise  # a key given twice, named with both lines
     except Exception as exc:  # YAML's own errors: one line, as load_spec says them
         raise UserError(f"--job {job_path}: invalid YAML ({exc.__class__.__name__})") from None
     if job is None:
