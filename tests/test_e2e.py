@@ -18,7 +18,10 @@ import pytest
 from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, write_job
 from support.replay_checks import assert_replay_exact
 
+from batchspec.engines.vllm_steps import MIN_STEPS
+from batchspec.io.layout import OutDir
 from batchspec.models import embedded_dir
+from batchspec.speculation.steps import read_step_fit
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("e2e")]
 
@@ -248,3 +251,21 @@ def assert_samples_and_logprobs(out: pl.DataFrame) -> None:
         prompt = r["prompt_logprobs"]
         assert len(prompt) == r["num_prompt_tokens"] and prompt[0] == []
         assert all(1 <= len(pos) <= 2 for pos in prompt[1:])
+
+
+def test_k_is_priced_from_vllms_own_steps(ngram_run) -> None:
+    """The run fitted vLLM's step cost from its steps (``engines.vllm_steps``): the fit
+    explains the steps it saw, prices every K of the grid (a decode step costs more with
+    more drafts), and ``report`` shows it."""
+    out = ngram_run[0].parent / "out"
+    found = read_step_fit(OutDir(out))
+    assert found is not None
+    batch, fit = found
+    assert batch == 8 and fit["steps"] >= MIN_STEPS, fit
+    engine = fit["by_engine_k"]["3"]
+    assert engine["fitted_s"] == pytest.approx(engine["measured_s"], rel=0.25), fit
+    priced = {int(k): s for k, (s, _) in fit["priced"].items()}
+    assert set(priced) == {0, 1, 2, 3, 5, 8} and priced[0] <= priced[3] <= priced[8]
+    report = run_cli("report", str(out))
+    assert "vLLM step cost, fitted from" in report.stdout, report.stdout
+    assert "predicted output tokens/s of the batch at each K" in report.stdout

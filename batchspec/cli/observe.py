@@ -119,7 +119,12 @@ def status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: 
 @user_errors
 def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     """Per-domain table of a run's committed output (with the K controller's view), and plots."""
-    from batchspec.observe.report import format_domain_table, format_k_view, full_report
+    from batchspec.observe.report import (
+        format_domain_table,
+        format_k_view,
+        format_step_fit,
+        full_report,
+    )
 
     out = existing_out(out_dir)
     scan, table, view = full_report(out)
@@ -131,6 +136,8 @@ def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     click.echo(format_domain_table(table, markdown=markdown))
     if view is not None and format_k_view(view, markdown):
         click.echo("\n" + format_k_view(view, markdown))
+    if not markdown and format_step_fit(out):
+        click.echo("\n" + format_step_fit(out))
     if plots is not None:
         if table.is_empty():
             raise UserError(f"{out}: no rows committed; nothing to plot")

@@ -61,8 +61,10 @@ def engine_kwargs(spec: JobSpec, k: int) -> dict[str, Any]:
         "max_num_seqs": m.max_num_seqs,
         "enforce_eager": m.enforce_eager,
         "seed": m.seed,
-        # Per-request timestamps (RequestOutput.metrics) are only kept with stats on.
+        # Per-request timestamps (RequestOutput.metrics) are only kept with stats on; each
+        # step's details price K (``vllm_steps``).
         "disable_log_stats": False,
+        "enable_logging_iteration_details": True,
     }
     if m.tokenizer:
         kwargs["tokenizer"] = str(resolve_model(m.tokenizer, "model.tokenizer", spec.resolve(".")))

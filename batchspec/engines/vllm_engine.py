@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ from batchspec.engines.procs import (
     stop_signals_blocked,
 )
 from batchspec.engines.vllm_args import engine_kwargs, sampling_params, speculative_config
+from batchspec.engines.vllm_step_feed import job_step_costs, watch_steps
 from batchspec.spec import JobSpec
 from batchspec.spec_tree import VLLM, EngineName
 from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult
@@ -168,6 +170,11 @@ class VllmEngine:
             self.llm = LLM(**engine_kwargs(spec, k))
         self.build_s = time.perf_counter() - started
         self.engine = self.llm.llm_engine
+        # Its details of every step would be a log line each (vLLM's default logger).
+        logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
+        self.step_profile = job_step_costs(spec)
+        """Step costs fitted from this engine's steps (and the process's earlier engines')."""
+        watch_steps(self.engine.engine_core, self.step_profile, k)
         self.procs = new_children(before)
         """The engine's processes (none when vLLM runs in this process)."""
         self.stall_s = spec.execution.engine_stall_s
@@ -284,6 +291,7 @@ class VllmEngine:
         """
         if not hasattr(self, "llm"):
             return
+        self.step_profile.save()
         self._watchdog_stop.set()
         engine_core = getattr(self.engine, "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):

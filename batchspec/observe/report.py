@@ -11,7 +11,7 @@ from batchspec.io.layout import OutDir
 from batchspec.observe.scan import PARTS_PER_SCAN, Scan, scan_output, table_of, with_latency
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.shared import SharedStats
-from batchspec.speculation.steps import read_step_costs
+from batchspec.speculation.steps import read_step_costs, read_step_fit
 from batchspec.speculation.tuning import TuningFile, read_tuning
 from batchspec.work.runlog import RunStats
 
@@ -29,6 +29,9 @@ class DomainView(NamedTuple):
     """The K the domain's rows ran at; the other K's rates are predicted."""
     priced: list[int]
     """The K with a predicted rate (a step cost measured, interpolated or profiled)."""
+    rates: dict[int, float]
+    """The batch's output tokens/s at each priced K (measured where ``measured``): why
+    ``k`` was chosen."""
 
 
 ControllerView = tuple[int, dict[str | None, DomainView]]
@@ -76,8 +79,9 @@ def controller_view(out: OutDir) -> ControllerView | None:
         c = ctl.choose(domain)
         rate = c.rates.get(c.k)
         tokens_per_s = rate * batch if rate is not None else None
+        rates = {k: r * batch for k, r in c.rates.items()}
         view[domain] = DomainView(
-            c.alpha, c.k, tokens_per_s, c.replayed, c.measured, sorted(c.rates)
+            c.alpha, c.k, tokens_per_s, c.replayed, c.measured, sorted(c.rates), rates
         )
     return batch, view
 
@@ -85,11 +89,16 @@ def controller_view(out: OutDir) -> ControllerView | None:
 def format_k_view(view: ControllerView, markdown: bool = False) -> str:
     """Per domain, the K chosen, its predicted tokens/s and the replayed tokens per step at
     every K (``*``: measured, the domain's rows ran there; ``?``: no step cost, not a
-    candidate): where speculation pays. Empty when nothing was replayed."""
+    candidate): where speculation pays. Without a replayed row, one line saying that the
+    acceptance at every K is the geometric model's: which of the two a run's K rests on."""
     batch, per_domain = view
     grid = sorted({k for v in per_domain.values() for k in v.replayed})
     if not grid:
-        return ""
+        return (
+            f"K per domain at batch {batch}: no row replayed (replay is exact for n-gram "
+            "drafts only); acceptance at every K from the geometric model, alpha from the "
+            "engine's own counts"
+        )
     header = ["domain", "chosen_K", "tok/s", *(f"K={k}" for k in grid)]
     lines = []
     for domain, v in per_domain.items():
@@ -102,6 +111,19 @@ def format_k_view(view: ControllerView, markdown: bool = False) -> str:
         f"K per domain at batch {batch}: replayed tokens per step at each K "
         "(* measured; ? no step cost, not a candidate)"
     )
+    tables = [_table(title, header, lines, markdown)]
+    predicted = [
+        [domain or "-", str(v.k), *(_fmt(v.rates.get(k), 1) for k in grid)]
+        for domain, v in per_domain.items()
+    ]
+    if any(v.rates for v in per_domain.values()):
+        title = "predicted output tokens/s of the batch at each K (measured where * above)"
+        tables.append(_table(title, ["domain", "chosen_K", *header[3:]], predicted, markdown))
+    return "\n\n".join(tables)
+
+
+def _table(title: str, header: list[str], lines: list[list[str]], markdown: bool) -> str:
+    """A titled fixed-width table (or a Markdown one, untitled)."""
     if markdown:
         rule = ["---"] + ["---:"] * (len(header) - 1)
         return "\n".join(f"| {' | '.join(c)} |" for c in [header, rule, *lines])
@@ -113,6 +135,35 @@ def format_k_view(view: ControllerView, markdown: bool = False) -> str:
         for r in [header, *lines]
     ]
     return "\n".join([title, *rows])
+
+
+def format_step_fit(out: OutDir) -> str:
+    """vLLM's step cost as fitted from its steps (``engines.vllm_steps``): the terms, and per
+    engine K the measured mean step against the fit's; empty where no run fitted one."""
+    found = read_step_fit(out)
+    if found is None:
+        return ""
+    batch, fit = found
+    c = {name: value * 1000 for name, value in fit.get("coefficients", {}).items()}
+    if not c:
+        return f"vLLM step cost: {fit.get('steps', 0)} steps seen, too few to fit"
+    prior = f" (+{fit['prior_steps']:.0f} of earlier runs)" if fit.get("prior_steps") else ""
+    lines = [
+        f"vLLM step cost, fitted from {fit['steps']} steps{prior}: {c['step']:.2f} ms"
+        f" + {c['rows']:.3f} ms/row + {c['spec_rows']:.3f} ms/row when speculating"
+        f" + {c['drafted']:.3f} ms/drafted token + {c['prefill']:.4f} ms/prefill token;"
+        f" drafts filled {fit['fill']:.0%} of their slots"
+    ]
+    for k, m in sorted(fit.get("by_engine_k", {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(
+            f"  engine K={k}: {m['steps']:.0f} steps, measured {m['measured_s'] * 1000:.1f} ms"
+            f" a step, fitted {m['fitted_s'] * 1000:.1f} ms"
+        )
+    priced = ", ".join(
+        f"K={k} {s * 1000:.1f}±{e * 1000:.1f}" for k, (s, e) in fit.get("priced", {}).items()
+    )
+    lines.append(f"  a decode step of {batch} rows, ms: {priced}")
+    return "\n".join(lines)
 
 
 def with_controller(table: pl.DataFrame, view: ControllerView | None) -> pl.DataFrame:

@@ -79,6 +79,8 @@ class KPolicy:
         self.per_unit = False
         """The engine takes K per unit (``Engine.k_per_unit``): no engine starts to weigh."""
         self.explored = 0
+        self._profile: object = None
+        """The engine's step profile K is priced by (None until an engine with one is up)."""
         """Units this worker ran at a K other than its domain's planned one, to measure it."""
         tuning = job_tuning(spec, out)
         if tuning is not None:
@@ -107,13 +109,15 @@ class KPolicy:
         self.build_s = seconds
 
     def engine_up(self, engine: Engine) -> None:
-        """An engine is up: whether it takes K per unit, and, where K is chosen, its profiled
-        step cost (``step_profile``: ``seconds(batch, nodes)``, measured on first use; None
-        on vLLM), which then prices every K of the grid, K=0 included, without running it."""
+        """An engine is up: whether it takes K per unit, and, where K is chosen, its step
+        cost (``step_profile``: ``seconds(batch, nodes)``; the tree engine's profile,
+        measured on first use, or vLLM's fit of its own steps, ``engines.vllm_steps``), which
+        then prices every K of the grid, K=0 included, without running it."""
         self.per_unit = engine.k_per_unit
         profile = getattr(engine, "step_profile", None) if self.adaptive else None
         seconds = getattr(profile, "seconds", None)
         if seconds is not None and self.ctl.step_cost is None:
+            self._profile = profile
             batch = self.ctl.batch
             self.ctl.step_cost = lambda k: float(seconds(batch, k))
             self.ctl.version += 1
@@ -125,7 +129,9 @@ class KPolicy:
         cost = self.ctl.step_cost
         if cost is not None and self.adaptive:
             seconds = {k: cost(k) for k in self.ctl.k_grid}
-            write_step_costs(self.out, self.worker, self.engine, self.ctl.batch, seconds)
+            summary = getattr(self._profile, "summary", None)  # vLLM's fit: its figures
+            fit = summary(self.ctl.batch, self.ctl.k_grid) if summary else None
+            write_step_costs(self.out, self.worker, self.engine, self.ctl.batch, seconds, fit)
 
     def observe(self, ob: Observation) -> None:
         """A unit this worker committed: learn from it and share it."""
@@ -198,8 +204,8 @@ class KPolicy:
         unmeasured grid neighbour of its planned K; the measurement then informs every
         domain's prediction at that K.
         """
-        if self.build_s is None:
-            return None
+        if self.build_s is None or self.ctl.step_cost is not None:
+            return None  # with step costs (a profile, or vLLM's fitted steps) every K is priced
         measured = self.ctl.step_times()
         if not measured:
             return None

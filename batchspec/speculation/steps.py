@@ -1,7 +1,8 @@
-"""Profiled step costs as the run used them, kept in the output directory for reports.
+"""Step costs as the run used them, kept in the output directory for reports.
 
-On the tree engine the K controller prices every K by the engine's step profile
-(``engines/tree/profile.py``), which only a process with the model can measure. So each
+The K controller prices every K by the engine's step profile (the tree engine's,
+``engines/tree/profile.py``) or by vLLM's fit of its own steps (``engines/vllm_steps.py``),
+which only a process with the engine can measure. So each
 worker writes the seconds per step it priced K with (``OUT/stats/steps-<worker>.json``,
 rewritten as real steps refine them), and ``report`` and ``status`` price K as the run did.
 """
@@ -12,6 +13,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,13 +25,22 @@ def steps_path(out: OutDir, worker: str) -> Path:
 
 
 def write_step_costs(
-    out: OutDir, worker: str, engine: str, batch: int, seconds: dict[int, float]
+    out: OutDir,
+    worker: str,
+    engine: str,
+    batch: int,
+    seconds: dict[int, float],
+    fit: dict[str, Any] | None = None,
 ) -> None:
-    """This worker's seconds per step by K at ``batch`` on ``engine`` (atomic rewrite)."""
+    """This worker's seconds per step by K at ``batch`` on ``engine`` (atomic rewrite; K not
+    priced yet left out), and on vLLM the fit they come from (``engines.vllm_steps``)."""
     out.stats.mkdir(parents=True, exist_ok=True)
     path = steps_path(out, worker)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    data = {"engine": engine, "batch": batch, "seconds": [[k, s] for k, s in seconds.items()]}
+    priced = [[k, s] for k, s in seconds.items() if s == s]
+    data: dict[str, Any] = {"engine": engine, "batch": batch, "seconds": priced}
+    if fit is not None:
+        data["fit"] = fit
     tmp.write_text(json.dumps(data) + "\n")
     os.replace(tmp, path)
 
@@ -52,3 +63,22 @@ def read_step_costs(out: OutDir, engine: str | None, batch: int) -> Callable[[in
     pairs = max(found)[1]
     ks, secs = [float(k) for k, _ in pairs], [float(s) for _, s in pairs]
     return lambda k: float(np.interp(k, ks, secs))
+
+
+def read_step_fit(out: OutDir) -> tuple[int, dict[str, Any]] | None:
+    """The batch size and the newest worker's fit of vLLM's steps (``write_step_costs``);
+    None when no worker fitted one."""
+    if not out.stats.is_dir():
+        return None
+    found = []
+    for path in out.stats.glob("steps-*.json"):
+        try:
+            data = json.loads(path.read_text())
+            if isinstance(data.get("fit"), dict):
+                found.append((path.stat().st_mtime, int(data["batch"]), data["fit"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # being rewritten, or not ours
+    if not found:
+        return None
+    _, batch, fit = max(found, key=lambda f: f[0])
+    return batch, fit

@@ -1,0 +1,282 @@
+"""vLLM's step cost, fitted from its own steps: what prices every K (K=0 included) on vLLM.
+
+vLLM has no step profile, and measuring a K by running it costs an engine start (20-130 s
+here) per K. But its engine core reports every step it runs when asked
+(``enable_logging_iteration_details``): the rows in decode and their tokens, drafts included,
+the prefill tokens, and the step's time. Batches fill and drain and n-gram drafts come in every
+length from 0 to K, so one engine's own steps vary enough to fit
+
+    seconds = a + b·rows + s·rows·[K > 0] + c·drafted + p·prefill
+
+by least squares. A decode step of a full batch of B rows at any K' is then priced as
+``a + b·B + s·B·[K' > 0] + c·B·fill·K'``, where ``fill`` is the share of draft slots the drafter
+filled in the spec steps seen (n-gram finds no match on some rows). Two terms cannot always be
+told apart, and are tied rather than guessed:
+
+- ``s`` (a spec step's cost per row beyond a plain one's: the proposer, the rejection sampler)
+  needs steps of both kinds; until a K=0 engine has run it is 0, so K=0 is priced as a spec step
+  that drafted nothing, which overprices K=0 by the proposer's cost per row (measured in
+  docs/choosing-k.md). That bias is toward speculation, and a K=0 engine, once run, removes it.
+- ``c`` needs drafted tokens; on a K=0 engine alone a drafted token is priced as a prefill token
+  (both are query tokens beyond a row's one decode token in the same forward).
+
+The time of a step is the engine core's own: the period between two consecutive steps' outputs
+(their ``timestamp``, on the core's monotonic clock), so it counts the scheduling and the
+proposer as well as the forward, and not the worker's own work (an engine inside the worker's
+process has it, as its clients do); periods that include a wait (far above what the fit so far
+predicts for the step, ``IDLE_FACTOR``) are left out. Sums are kept, not steps:
+memory is bounded whatever the run's length. The sums persist per machine, model, dtype and
+method (under ``profiles/``, as the tree engine's profile), as a prior worth at most
+``PRIOR_STEPS`` steps: a run starts priced, and its own steps soon outweigh another load's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FEATURES = ("step", "rows", "spec_rows", "drafted", "prefill")
+"""The fit's columns: a constant per step, rows in decode, rows in decode on a speculative
+engine, drafted tokens scheduled for verification, prefill tokens."""
+MIN_STEPS = 20
+"""Steps before the fit prices anything (fewer: NaN, no K is priced)."""
+PRIOR_STEPS = 200
+"""A cached fit from earlier runs counts as at most this many steps of this run's."""
+IDLE_FACTOR = 3.0
+"""A period longer than this times what the fit so far predicts for the step (plus ``IDLE_S``)
+included a wait: for work (the core idle), or, with the engine in the worker's process, for
+the worker's own work between steps (a commit). vLLM's own ``elapsed_ms`` cannot tell: on one
+device it times the sampling alone, the forward having run before its clock starts."""
+IDLE_S = 0.05
+RECHECK = 32
+"""Steps between refits of the fit that judges waits."""
+SAMPLES = 256
+"""Steps kept as they were (a uniform sample of all, reservoir-style) for ``report`` and checks
+of the fit's form; the sums are what the fit uses."""
+
+
+class StepCosts:
+    """Running least-squares sums of (features, seconds) over an engine's steps, and the fit."""
+
+    def __init__(self, key: str = "", path: Path | None = None):
+        self.key, self.path = key, path
+        n = len(FEATURES)
+        self.xtx, self.xty, self.yy, self.n = np.zeros((n, n)), np.zeros(n), 0.0, 0.0
+        self.per_k: dict[int, list[float]] = {}
+        """Per engine K: steps, Σ seconds, Σ features (for measured against fitted)."""
+        self.drafted_slots = np.zeros(2)
+        """Over spec steps: drafted tokens, and rows × K (the slots a full draft fills)."""
+        self.skipped = 0
+        """Periods left out as waits for work."""
+        self.samples: list[list[float]] = []
+        """Up to ``SAMPLES`` steps seen: K, rows, drafted, prefill, period (seconds)."""
+        self._rng = random.Random(0)
+        self._lock = threading.Lock()
+        self._coef: np.ndarray | None = None
+        self._sigma: np.ndarray | None = None
+        self._prior_n = 0.0
+        self._judge: np.ndarray | None = None
+        """The fit that judges whether a period included a wait (refitted every ``RECHECK``)."""
+
+    # -- input -------------------------------------------------------------------------
+
+    def record(self, period_s: float, k: int, rows: int, tokens: int, prefill: int) -> None:
+        """One step of an engine at ``k``: its period, rows in decode and their tokens (drafts
+        included), prefill tokens."""
+        if period_s <= 0 or rows + prefill == 0:
+            return
+        drafted = max(tokens - rows, 0)
+        x = np.array([1.0, rows, rows if k > 0 else 0.0, drafted, prefill])
+        judge = self._judge
+        if judge is not None and period_s > IDLE_FACTOR * float(judge @ x) + IDLE_S:
+            self.skipped += 1
+            return
+        with self._lock:
+            self.xtx += np.outer(x, x)
+            self.xty += x * period_s
+            self.yy += period_s * period_s
+            self.n += 1
+            acc = self.per_k.setdefault(k, [0.0, 0.0, *([0.0] * len(FEATURES))])
+            acc[0] += 1
+            acc[1] += period_s
+            for i, v in enumerate(x):
+                acc[2 + i] += v
+            if k > 0 and rows:
+                self.drafted_slots += (drafted, rows * k)
+            self._coef = None
+            seen = int(self.n - self._prior_n)
+            sample = [k, rows, drafted, prefill, period_s]
+            if len(self.samples) < SAMPLES:
+                self.samples.append(sample)
+            elif (j := self._rng.randrange(seen)) < SAMPLES:
+                self.samples[j] = sample
+        if seen % RECHECK == 0:
+            self._judge = self.coefficients()
+
+    # -- the fit -------------------------------------------------------------------------
+
+    def coefficients(self) -> np.ndarray | None:
+        """The fitted seconds per feature (``FEATURES``), none negative; None before
+        ``MIN_STEPS`` steps."""
+        with self._lock:
+            if self._coef is None and self.n >= MIN_STEPS:
+                tied = self._tied()
+                self._coef, self._sigma = _solve(self.xtx, self.xty, self.yy, self.n, tied)
+            return self._coef
+
+    def _tied(self) -> dict[int, int | None]:
+        """Columns that the steps seen cannot tell apart: dropped (None) or priced as another."""
+        ks = {k for k, acc in self.per_k.items() if acc[0] > 0}
+        tied: dict[int, int | None] = {}
+        if 0 not in ks or not (ks - {0}):
+            tied[FEATURES.index("spec_rows")] = None
+        if not (ks - {0}):
+            tied[FEATURES.index("drafted")] = FEATURES.index("prefill")
+        return tied
+
+    def fill(self, k: int | None = None) -> float:
+        """The share of draft slots filled in the spec steps seen: at the engine K nearest
+        ``k`` (a longer K fills a smaller share: n-gram matches run out), or over all (None);
+        1 before any spec step."""
+        ks = [j for j, acc in self.per_k.items() if j > 0 and acc[0] > 0 and acc[3] > 0]
+        if k is None or not ks:
+            drafted, slots = self.drafted_slots
+            return float(drafted / slots) if slots > 0 else 1.0
+        j = min(ks, key=lambda j: (abs(j - k), -j))
+        acc = self.per_k[j]
+        return float(acc[2 + FEATURES.index("drafted")] / (acc[2 + FEATURES.index("rows")] * j))
+
+    def features(self, batch: int, k: int) -> np.ndarray:
+        """A decode step of ``batch`` rows at ``k``, nothing in prefill."""
+        drafted = batch * self.fill(k) * k
+        return np.array([1.0, batch, batch if k > 0 else 0.0, drafted, 0.0])
+
+    def seconds(self, batch: int, k: int) -> float:
+        """Seconds of a decode step of ``batch`` rows at ``k`` (NaN before the fit)."""
+        coef = self.coefficients()
+        if coef is None:
+            return float("nan")
+        return float(coef @ self.features(batch, k))
+
+    def spread(self, batch: int, k: int) -> float:
+        """The standard error of ``seconds`` (from the residuals; NaN before the fit)."""
+        coef = self.coefficients()
+        if coef is None or self._sigma is None:
+            return float("nan")
+        x = self.features(batch, k)
+        return float(np.sqrt(max(x @ self._sigma @ x, 0.0)))
+
+    def summary(self, batch: int, grid: list[int]) -> dict[str, Any]:
+        """For the run's files and ``report``: the fit, its spread, and per engine K the
+        measured mean step against the fitted mean of the same steps."""
+        coef = self.coefficients()
+        out: dict[str, Any] = {
+            "steps": int(self.n - self._prior_n),
+            "prior_steps": self._prior_n,
+            "skipped": self.skipped,
+            "fill": round(self.fill(), 4),
+        }
+        if coef is None:
+            return out
+        out["coefficients"] = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
+        out["priced"] = {k: [self.seconds(batch, k), self.spread(batch, k)] for k in grid}
+        measured = {}
+        for k, acc in sorted(self.per_k.items()):
+            n = acc[0]
+            if n >= 1:
+                mean_x = np.array(acc[2:]) / n
+                measured[k] = {
+                    "steps": n,
+                    "measured_s": acc[1] / n,
+                    "fitted_s": float(coef @ mean_x),
+                }
+        out["by_engine_k"] = measured
+        out["samples"] = [list(x) for x in self.samples]
+        return out
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def load_prior(self) -> None:
+        """Earlier runs' sums for this key, scaled to at most ``PRIOR_STEPS`` steps."""
+        if self.path is None:
+            return
+        try:
+            data = json.loads(self.path.read_text())
+            xtx, xty = np.array(data["xtx"], float), np.array(data["xty"], float)
+            yy, n = float(data["yy"]), float(data["n"])
+            per_k = {int(k): [float(v) for v in acc] for k, acc in data["per_k"].items()}
+            slots = np.array(data["drafted_slots"], float)
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if xtx.shape != self.xtx.shape or n <= 0:
+            return
+        w = min(1.0, PRIOR_STEPS / n)
+        with self._lock:
+            self.xtx += w * xtx
+            self.xty += w * xty
+            self.yy += w * yy
+            self.n += w * n
+            self._prior_n = w * n
+            for k, acc in per_k.items():
+                mine = self.per_k.setdefault(k, [0.0] * len(acc))
+                for i, v in enumerate(acc):
+                    mine[i] += w * v
+            self.drafted_slots += w * slots
+            self._coef = None
+        self._judge = self.coefficients()
+
+    def save(self) -> None:
+        """Write the sums atomically (an unwritable cache costs the next run its prior)."""
+        if self.path is None or self.n - self._prior_n < MIN_STEPS:
+            return
+        with self._lock:
+            data = {
+                "key": self.key,
+                "features": FEATURES,
+                "xtx": self.xtx.tolist(),
+                "xty": self.xty.tolist(),
+                "yy": self.yy,
+                "n": self.n,
+                "per_k": {str(k): v for k, v in self.per_k.items()},
+                "drafted_slots": self.drafted_slots.tolist(),
+                "samples": self.samples,
+            }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.path)
+        except OSError:
+            pass
+
+
+def _solve(
+    xtx: np.ndarray, xty: np.ndarray, yy: float, n: float, tied: dict[int, int | None]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares from the sums, no coefficient negative (a negative one is dropped and
+    the rest refitted), tied columns priced as their partner; and the coefficients'
+    covariance from the residuals."""
+    m = len(xty)
+    active = [j for j in range(m) if j not in tied]
+    while True:
+        a = xtx[np.ix_(active, active)]
+        coef_a = np.linalg.lstsq(a, xty[active], rcond=None)[0]
+        if (coef_a >= 0).all() or len(active) == 1:
+            break
+        active = [j for j, c in zip(active, coef_a, strict=True) if c >= 0] or active[:1]
+    coef = np.zeros(m)
+    coef[active] = np.maximum(coef_a, 0.0)
+    for j, partner in tied.items():
+        if partner is not None:
+            coef[j] = coef[partner]
+    rss = max(yy - 2 * coef @ xty + coef @ xtx @ coef, 0.0)
+    dof = max(n - len(active), 1.0)
+    sigma = np.zeros((m, m))
+    sigma[np.ix_(active, active)] = np.linalg.pinv(a) * (rss / dof)
+    return coef, sigma

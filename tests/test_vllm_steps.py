@@ -1,0 +1,121 @@
+"""vLLM's step costs fitted from its steps (``engines.vllm_steps``): exact on steps made from
+known costs, the terms that the steps seen cannot separate tied as documented, waits for work
+left out, and earlier runs' sums a bounded prior. The fit on real vLLM steps: the K benchmark
+(``scripts/bench_k_choice.py``) and ``tests/test_e2e.py``'s run files."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from batchspec.engines.vllm_steps import IDLE_S, MIN_STEPS, PRIOR_STEPS, StepCosts
+
+TRUE = {"step": 0.004, "rows": 0.0015, "spec_rows": 0.0003, "drafted": 0.0004, "prefill": 0.00002}
+
+
+def cost(k: int, rows: int, drafted: int, prefill: int) -> float:
+    spec_rows = rows if k > 0 else 0
+    t = TRUE
+    return (
+        t["step"]
+        + t["rows"] * rows
+        + t["spec_rows"] * spec_rows
+        + t["drafted"] * drafted
+        + t["prefill"] * prefill
+    )
+
+
+def feed(costs: StepCosts, k: int, steps: int, seed: int, noise: float = 0.0) -> None:
+    """Steps of an engine at ``k``: batches filling and draining, drafts of every length."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        rows = int(rng.integers(1, 17))
+        drafted = int(rng.integers(0, rows * k + 1)) if k else 0
+        prefill = int(rng.choice([0, 0, 0, int(rng.integers(20, 400))]))
+        t = cost(k, rows, drafted, prefill) * (1 + noise * rng.standard_normal())
+        costs.record(t, k, rows, rows + drafted, prefill)
+
+
+def test_both_kinds_of_steps_give_every_cost_exactly() -> None:
+    costs = StepCosts()
+    feed(costs, 0, 60, seed=1)
+    feed(costs, 4, 60, seed=2)
+    coef = costs.coefficients()
+    assert coef is not None
+    assert np.allclose(coef, list(TRUE.values()), rtol=1e-6, atol=1e-12)
+    fill = costs.fill()
+    assert costs.seconds(16, 0) == pytest.approx(cost(0, 16, 0, 0), rel=1e-6)
+    assert costs.seconds(16, 8) == pytest.approx(cost(8, 16, 16 * fill * 8, 0), rel=1e-6)
+    assert costs.spread(16, 3) == pytest.approx(0.0, abs=1e-9)  # no noise: no spread
+
+
+def test_speculative_steps_alone_price_k0_as_a_spec_step_that_drafted_nothing() -> None:
+    # The proposer's cost per row cannot be told apart from a row's cost: it stays in the
+    # row's, so K=0 is priced high by that much (toward speculation), until a K=0 engine ran.
+    costs = StepCosts()
+    feed(costs, 3, 80, seed=3)
+    plain = TRUE["step"] + (TRUE["rows"] + TRUE["spec_rows"]) * 16
+    assert costs.seconds(16, 0) == pytest.approx(plain, rel=1e-6)
+    coef = dict(zip(("step", "rows", "spec_rows", "drafted"), costs.coefficients(), strict=False))
+    assert coef["spec_rows"] == 0 and coef["drafted"] == pytest.approx(TRUE["drafted"], rel=1e-6)
+
+
+def test_plain_steps_alone_price_a_drafted_token_as_a_prefill_token() -> None:
+    costs = StepCosts()
+    feed(costs, 0, 80, seed=4)
+    coef = costs.coefficients()
+    assert coef is not None and coef[3] == pytest.approx(TRUE["prefill"], rel=1e-6)
+    assert costs.fill() == 1.0  # no drafts seen: a draft fills its K slots
+    assert costs.seconds(16, 4) == pytest.approx(cost(0, 16, 0, 0) + 64 * TRUE["prefill"])
+
+
+def test_no_cost_is_negative_and_waits_for_work_are_left_out() -> None:
+    costs = StepCosts()
+    assert math.isnan(costs.seconds(16, 3))  # nothing before MIN_STEPS
+    rng = np.random.default_rng(5)
+    for _ in range(MIN_STEPS * 3):
+        rows = int(rng.integers(1, 17))
+        # Rows cost, a constant 10 ms, and prefill tokens seemingly *save* time (noise).
+        t = 0.010 + 0.002 * rows - 0.00001 * (prefill := int(rng.integers(0, 50)))
+        costs.record(t, 0, rows, rows, prefill)
+    coef = costs.coefficients()
+    assert coef is not None and (coef >= 0).all() and coef[4] == 0.0
+    step = costs.seconds(16, 0)
+    assert step == pytest.approx(0.010 + 0.032, rel=0.05)
+    costs.record(5.0, 0, 16, 16, 0)  # the core waited for work: 5 s of a 42 ms step
+    assert costs.skipped == 1
+    costs.record(3 * step + IDLE_S * 0.5, 0, 16, 16, 0)  # within the bound: kept
+    assert costs.skipped == 1
+
+
+def test_measured_against_fitted_per_engine_k() -> None:
+    costs = StepCosts()
+    feed(costs, 0, 40, seed=6, noise=0.05)
+    feed(costs, 5, 40, seed=7, noise=0.05)
+    summary = costs.summary(16, [0, 2, 5])
+    by_k = summary["by_engine_k"]
+    assert set(by_k) == {0, 5} and summary["steps"] == 80
+    for entry in by_k.values():
+        assert entry["fitted_s"] == pytest.approx(entry["measured_s"], rel=0.05)
+    seconds, spread = summary["priced"][2]
+    assert seconds > 0 and 0 < spread < 0.1 * seconds
+
+
+def test_earlier_runs_are_a_prior_worth_at_most_prior_steps(tmp_path: Path) -> None:
+    path = tmp_path / "steps.json"
+    first = StepCosts("k", path)
+    feed(first, 4, PRIOR_STEPS * 3, seed=8)
+    first.save()
+    second = StepCosts("k", path)
+    second.load_prior()
+    assert second.n == pytest.approx(PRIOR_STEPS)
+    assert second.seconds(16, 4) == pytest.approx(first.seconds(16, 4), rel=1e-9)
+    feed(second, 4, 10, seed=9)
+    assert second.summary(16, [4])["steps"] == 10
+    path.write_text("{not json")
+    third = StepCosts("k", path)
+    third.load_prior()  # unreadable: no prior, no error
+    assert third.n == 0
