@@ -27,6 +27,7 @@ from batchspec.spec_keys import (
     ROW_SEEDS,
     SPECULATIVE_KEYS_SET,
     checked_k_grid,
+    checked_schedule,
     k_per_domain,
     known_to_vllm,
     not_blank,
@@ -147,6 +148,14 @@ class SpeculativeSpec(_Section):
     draft_tensor_parallel_size: int | None = Field(
         None, ge=1, description="draft model tensor parallelism", json_schema_extra=_shown("vLLM's")
     )
+    k_by_batch_size: list[list[int]] | None = Field(
+        None,
+        description="vLLM's own schedule of K by batch size (`num_speculative_tokens_per_"
+        "batch_size`): `[from, to, K]` ranges, inclusive, the first from 1, K 0 allowed, e.g. "
+        "`[[1, 4, 3], [5, 16, 0]]`; one engine runs it, built for its largest K (each row's "
+        "`num_speculative_tokens`); needs `adaptive: false`, vLLM and no `per_domain`",
+        json_schema_extra=_shown("–"),
+    )
     per_domain: dict[str, int] = Field(
         default_factory=dict,
         description="K per domain, fixed, e.g. `{math: 0, code: 5}`; 0 = no speculation for "
@@ -195,6 +204,7 @@ class SpeculativeSpec(_Section):
         return not_set_by_batchspec(v, SPECULATIVE_KEYS_SET)
 
     _k_range = field_validator("per_domain")(k_per_domain)
+    _schedule = field_validator("k_by_batch_size")(checked_schedule)
     _grid = field_validator("k_grid")(checked_k_grid)
 
     _engine = model_validator(mode="before")(engine_defaults)
@@ -207,6 +217,8 @@ class SpeculativeSpec(_Section):
         controller (``Controller(fixed=)``), ``KPolicy.decide`` and ``route`` ask it."""
         if self.method == "none":
             return 0
+        if self.k_by_batch_size is not None:  # vLLM's schedule, in one engine at its top K
+            return max(k for _, _, k in self.k_by_batch_size)
         if domain is not None and domain in self.per_domain:
             return self.per_domain[domain]
         return None if self.adaptive else self.num_speculative_tokens

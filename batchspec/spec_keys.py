@@ -27,6 +27,7 @@ OUTPUT_NEUTRAL: frozenset[str] = frozenset(
         "speculative.prompt_lookup_max",
         "speculative.draft_tensor_parallel_size",
         "speculative.per_domain",
+        "speculative.k_by_batch_size",
         "speculative.adaptive",
         "speculative.k_grid",
         "speculative.explore",
@@ -69,6 +70,7 @@ SPECULATIVE_KEYS_SET = {
     "prompt_lookup_min": "use speculative.prompt_lookup_min",
     "prompt_lookup_max": "use speculative.prompt_lookup_max",
     "draft_tensor_parallel_size": "use speculative.draft_tensor_parallel_size",
+    "num_speculative_tokens_per_batch_size": "use speculative.k_by_batch_size",
 }
 """``speculative_config`` keys batchspec sets from the speculative section."""
 
@@ -113,6 +115,31 @@ def checked_k_grid(ks: list[int]) -> list[int]:
     if not ks or any(not 0 <= k <= 64 for k in ks):
         raise ValueError("k_grid must be a non-empty list of K in 0..64")
     return sorted(set(ks))
+
+
+def checked_schedule(ranges: list[list[int]] | None) -> list[list[int]] | None:
+    """``speculative.k_by_batch_size``: ranges ``(from, to, K)``, inclusive, sorted, not
+    overlapping, the first from batch 1, K in 0..64 and at least one K above 0 (vLLM's own
+    rules, checked here rather than at the engine's start a minute later)."""
+    if ranges is None:
+        return None
+    if not ranges:
+        raise ValueError("k_by_batch_size: give at least one [from, to, K] range, or leave it out")
+    if any(len(r) != 3 for r in ranges):
+        raise ValueError("k_by_batch_size: each range is [from, to, K], three integers")
+    ranges = sorted(ranges)
+    if ranges[0][0] != 1:
+        raise ValueError("k_by_batch_size: the first range must start at batch size 1")
+    for (lo, hi, k), prev in zip(ranges, [None, *ranges[:-1]], strict=True):
+        if not 1 <= lo <= hi or not 0 <= k <= 64:
+            raise ValueError(
+                f"k_by_batch_size: [{lo}, {hi}, {k}] needs 1 <= from <= to, K in 0..64"
+            )
+        if prev is not None and lo <= prev[1]:
+            raise ValueError(f"k_by_batch_size: [{lo}, {hi}, {k}] overlaps {list(prev)}")
+    if max(k for _, _, k in ranges) == 0:
+        raise ValueError("k_by_batch_size: every K is 0; for no speculation set method: none")
+    return ranges
 
 
 def known_to_vllm(given: dict[str, Any]) -> dict[str, Any]:

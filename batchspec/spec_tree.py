@@ -191,7 +191,24 @@ def check_speculative(s: Any) -> Any:
         s.tree.check_method(s.method, s.model)
     elif s.method in ("draft_model", "eagle", "eagle3") and not s.model:
         raise ValueError(f"method {s.method} needs speculative.model (the draft)")
+    if s.k_by_batch_size is not None:
+        check_schedule(s)
     ngrams = s.method == "ngram" or (s.tree is not None and s.tree.ngram_first)
     if ngrams and (s.prompt_lookup_min or 1) > (s.prompt_lookup_max or s.prompt_lookup_min or 1):
         raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
     return s
+
+
+def check_schedule(s: Any) -> None:
+    """A batch-size schedule is vLLM's own choice of K, in one engine: on vLLM, with a method,
+    no controller and no K per domain beside it (its largest K is every domain's fixed K:
+    ``SpeculativeSpec.fixed_k``)."""
+    if s.method == "none" or s.engine != VLLM:
+        raise ValueError(
+            "speculative.k_by_batch_size is vLLM's schedule: it needs a method and engine: vllm"
+        )
+    if s.adaptive or s.per_domain:
+        raise ValueError(
+            "speculative.k_by_batch_size chooses K by batch size itself: set "
+            "adaptive: false and leave per_domain out"
+        )

@@ -11,6 +11,9 @@ subset of ``--rows`` rows of the job's input, by default the long-context set
 - ``oracle``: ``speculative.per_domain`` set to each domain's best K from the fixed-K runs
   measured so far (tokens per summed row-decode second per domain; at batch > 1 rows overlap, so
   this is an estimate); in the first round it runs after them.
+- ``schedule`` (``--engine vllm``): vLLM's own batch-size schedule (``speculative.
+  k_by_batch_size``), its K at each batch size the fastest by the latest adaptive run's fitted
+  step costs and replayed acceptance (``schedule_from``); in the first round after it.
 
 The figure is generation tokens/s from each run's log (``OUT/runs/*.json``: output tokens over
 generation seconds, engine start and shutdown excluded), the run summary's figure. Identical
@@ -21,6 +24,8 @@ most: the run log's own count where the worker records one (``units_explored``),
 proxy from the committed parts. The last line is the verdict for the last batch size::
 
     adaptive / best fixed K: X (batch B), adaptive / per-domain oracle: Y
+
+(on vLLM prefixed ``vllm: `` and followed by ``, adaptive / vLLM schedule: Z``)
 
     .venv/bin/python scripts/bench_k_choice.py --batches 8 --rows 144 --rounds 2
     .venv/bin/python scripts/bench_k_choice.py --batches 1,8 --save k_choice.json
@@ -78,6 +83,7 @@ def run_once(job: str, out: Path, sets: list[str], limit: int | None = None) -> 
     # Recorded per engine by workers that count them (issue 22); absent from older logs.
     explored = [e["units_explored"] for e in engines if "units_explored" in e]
     return {
+        "out": str(out),
         "tok_s": tokens / seconds,
         "tokens": tokens,
         "generate_s": seconds,
@@ -121,6 +127,44 @@ def oracle_k(runs: dict[str, list[dict[str, Any]]], fixed: list[int]) -> dict[st
     return {d: max(fixed, key=lambda k, d=d: rate(d, k)) for d in domains}
 
 
+def schedule_from(
+    runs: dict[str, list[dict[str, Any]]], fixed: list[int], batch: int
+) -> list[list[int]] | None:
+    """vLLM's batch-size schedule as the fitted step costs imply it: at each batch size b, the
+    K of the grid with the most tokens per second, b x tau(K) / step(b, K), where tau is the
+    replayed tokens per step pooled over the domains (mean) and step the latest adaptive run's
+    fit of vLLM's steps (``engines.vllm_steps``); ranges of equal K merged; None where it never
+    speculates (that run is plain decoding). Without a fit (or replay), the best fixed K so
+    far at every batch size."""
+    from batchspec.io.layout import OutDir
+    from batchspec.observe.report import controller_view
+    from batchspec.speculation.steps import read_step_fit
+
+    out = OutDir(Path(runs["adaptive"][-1]["out"])) if runs["adaptive"] else None
+    found = read_step_fit(out) if out is not None else None
+    view = controller_view(out) if out is not None else None
+    coef = (found[1].get("coefficients") if found else None) or {}
+    taus = [v.replayed for v in (view[1].values() if view else []) if v.replayed]
+    if not coef or not taus:
+        best = max(fixed, key=lambda k: statistics.fmean(r["tok_s"] for r in runs[f"K={k}"]))
+        return [[1, batch, best]]
+    fill = found[1]["fill"]
+    tau = {k: statistics.fmean(t[k] for t in taus if k in t) for k in fixed}
+
+    def step(b: int, k: int) -> float:
+        spec = coef["spec_rows"] * b if k else 0.0
+        return coef["step"] + coef["rows"] * b + spec + coef["drafted"] * b * fill * k
+
+    ranges: list[list[int]] = []
+    for b in range(1, batch + 1):
+        k = max(fixed, key=lambda k: (tau[k] / step(b, k), -k))
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = b
+        else:
+            ranges.append([b, b, k])
+    return ranges if max(k for *_, k in ranges) > 0 else None  # None: never speculate
+
+
 def bench_batch(
     args: argparse.Namespace, data: Path, tmp: Path, batch: int, save: Callable[[dict], None]
 ) -> dict[str, Any]:
@@ -129,6 +173,7 @@ def bench_batch(
     measurements so far after every run."""
     fixed = args.k_grid
     configs = [f"K={k}" for k in fixed] + ["adaptive", "oracle"]
+    configs += ["schedule"] if args.engine == "vllm" else []
     common = [
         f"input.path={data}",
         f"model.max_num_seqs={batch}",
@@ -141,6 +186,7 @@ def bench_batch(
     ]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     oracles: list[dict[str, int]] = []
+    schedules: list[list[list[int]] | None] = []
     # A throwaway adaptive run absorbs one-off costs first (compilation caches, the page cache,
     # the tree engine's step profile where it is not cached yet).
     warm = run_once(
@@ -158,6 +204,13 @@ def bench_batch(
                 sets = ["speculative.adaptive=false", f"speculative.per_domain={oracles[-1]}"]
             elif config == "adaptive":
                 sets = ["speculative.adaptive=true"]
+            elif config == "schedule":
+                schedules.append(schedule_from(runs, fixed, batch))
+                sets = ["speculative.adaptive=false"]
+                if schedules[-1] is None:
+                    sets.append("speculative.num_speculative_tokens=0")
+                else:
+                    sets.append(f"speculative.k_by_batch_size={schedules[-1]}")
             else:
                 sets = [
                     "speculative.adaptive=false",
@@ -168,14 +221,14 @@ def bench_batch(
                 args.job, tmp / f"b{batch}-r{r}-{config.replace('=', '')}", [*common, *sets]
             )
             runs[config].append(got)
-            save({"configs": configs, "runs": runs, "oracle_k": oracles})
+            save({"configs": configs, "runs": runs, "oracle_k": oracles, "schedules": schedules})
             print(
                 f"  batch {batch} round {r + 1} {config}: {got['tok_s']:.1f} tok/s "
                 f"({got['tokens']} tokens in {got['generate_s']:.1f} s; "
                 f"{time.perf_counter() - started:.0f} s wall)",
                 flush=True,
             )
-    return {"configs": configs, "runs": runs, "oracle_k": oracles}
+    return {"configs": configs, "runs": runs, "oracle_k": oracles, "schedules": schedules}
 
 
 def ratio(num: list[float], den: list[float]) -> str:
@@ -185,8 +238,9 @@ def ratio(num: list[float], den: list[float]) -> str:
     return f"{statistics.fmean(num) / statistics.fmean(den):.3f}{spread}"
 
 
-def table(batch: int, res: dict[str, Any]) -> tuple[list[str], float, float]:
-    """The batch size's table; adaptive / best fixed K and / oracle (ratios of means)."""
+def table(batch: int, res: dict[str, Any]) -> tuple[list[str], float, float, float | None]:
+    """The batch size's table; adaptive / best fixed K, / oracle and / vLLM's schedule
+    (ratios of means; the last None where the schedule did not run)."""
     # Complete rounds only (a saved run stopped half-way has more runs of some configurations).
     rounds = min(len(res["runs"][c]) for c in res["configs"])
     runs = {c: res["runs"][c][:rounds] for c in res["configs"]}
@@ -221,9 +275,16 @@ def table(batch: int, res: dict[str, Any]) -> tuple[list[str], float, float]:
         f"adaptive / best fixed {best}: {ratio(tps['adaptive'], tps[best])} (target >= 1.00), "
         f"adaptive / oracle: {ratio(tps['adaptive'], tps['oracle'])} (target >= 0.97)"
     )
+    if "schedule" in tps:
+        lines.append(
+            "vLLM schedule per round (from the fitted step costs; None: never speculate): "
+            + "; ".join(str(x) for x in res.get("schedules", [])[:rounds])
+            + f"; adaptive / vLLM schedule: {ratio(tps['adaptive'], tps['schedule'])}"
+        )
     a_best = mean["adaptive"] / mean[best]
     a_oracle = mean["adaptive"] / mean["oracle"]
-    return lines, a_best, a_oracle
+    a_schedule = mean["adaptive"] / mean["schedule"] if "schedule" in mean else None
+    return lines, a_best, a_oracle, a_schedule
 
 
 def notes(res: dict[str, Any]) -> list[str]:
@@ -261,12 +322,14 @@ def report(result: dict[str, Any]) -> None:
         if min(len(res["runs"][c]) for c in res["configs"]) == 0:
             print(f"\nbatch {batch}: no complete round")
             continue
-        lines, a_best, a_oracle = table(int(batch), res)
+        lines, a_best, a_oracle, a_schedule = table(int(batch), res)
         print("\n" + "\n".join(lines))
         verdict = (
             f"adaptive / best fixed K: {a_best:.3f} (batch {batch}), "
             f"adaptive / per-domain oracle: {a_oracle:.3f}"
         )
+        if a_schedule is not None:
+            verdict = f"vllm: {verdict}, adaptive / vLLM schedule: {a_schedule:.3f}"
     if verdict:
         print("\n" + verdict)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import job_dict, write_job
+from conftest import ROOT, job_dict, write_job
 from pydantic import BaseModel
 
 from batchspec.errors import UserError
 from batchspec.spec import OUTPUT_NEUTRAL, JobSpec
 from batchspec.spec_docs import reference, written_block
 from batchspec.spec_file import load_spec
+from batchspec.units import SpecStats
 
 
 def load(tmp_path: Path, overrides: list[str] | None = None, **sections):
@@ -163,6 +164,10 @@ CHANGES: dict[str, list[str]] = {
     "speculative.prompt_lookup_max": ["speculative.prompt_lookup_max=6"],
     "speculative.draft_tensor_parallel_size": ["speculative.draft_tensor_parallel_size=2"],
     "speculative.per_domain": ["speculative.per_domain={math: 0}"],
+    "speculative.k_by_batch_size": [
+        "speculative.adaptive=false",
+        "speculative.k_by_batch_size=[[1, 4, 3], [5, 16, 0]]",
+    ],
     "speculative.adaptive": ["speculative.adaptive=false"],
     "speculative.k_grid": ["speculative.k_grid=[0, 3]"],
     "speculative.explore": ["speculative.explore=0.5"],
@@ -249,3 +254,23 @@ def test_a_key_given_twice_is_refused_at_any_depth(tmp_path: Path) -> None:
     assert error_of(tmp_path, ["model.engine_kwargs={k: 1, k: 2}"]).startswith(
         "--set model.engine_kwargs={k: 1, k: 2}: model.engine_kwargs.k: given twice"
     )
+
+
+def test_a_batch_size_schedule_is_vllms_in_one_engine_at_its_largest_k(tmp_path: Path) -> None:
+    """``speculative.k_by_batch_size`` reaches vLLM as ``num_speculative_tokens_per_batch_size``
+    and every domain's K is the schedule's largest (the engine's); no single K's replay is
+    compared with the engine's counts, since a row's steps ran at several."""
+    from batchspec.engines.vllm_args import speculative_config
+    from batchspec.work.feeding import Replays
+
+    sets = ["speculative.adaptive=false", "speculative.k_by_batch_size=[[5, 16, 0], [1, 4, 5]]"]
+    spec = load_spec(ROOT / "jobs" / "synth_data.yaml", sets)
+    s = spec.speculative
+    assert s.k_by_batch_size == [[1, 4, 5], [5, 16, 0]]  # sorted
+    assert s.fixed_k("chat") == s.fixed_k(None) == s.k_for("code") == 5
+    cfg = speculative_config(spec, 5)
+    assert cfg is not None and cfg["num_speculative_tokens"] == 5
+    assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 4, 5], [5, 16, 0]]
+    replays = Replays(spec)
+    replays._check({5: 7}, SpecStats(steps=4, drafted=10, accepted=3, histogram=(1, 1, 1, 1, 0, 0)), 5, set())
+    assert replays.checked == 0

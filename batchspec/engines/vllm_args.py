@@ -47,6 +47,8 @@ def speculative_config(spec: JobSpec, k: int) -> dict[str, Any] | None:
         cfg["prompt_lookup_max"] = s.prompt_lookup_max
     if s.draft_tensor_parallel_size is not None:
         cfg["draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
+    if s.k_by_batch_size is not None:
+        cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in s.k_by_batch_size]
     cfg.update(s.extra)
     return cfg
 
