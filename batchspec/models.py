@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from batchspec.errors import UserError
+from batchspec.models_cut import CUTS, DraftCut, cut_layers
 
 BUILTIN_PREFIX = "builtin:"
 _MARKER = "batchspec-prepared.json"
@@ -59,12 +60,13 @@ def cache_dir() -> Path:
     return base / "models"
 
 
-def _embedded(name: str, field: str) -> EmbeddedModel:
-    try:
-        return EMBEDDED[name]
-    except KeyError:
-        known = ", ".join(BUILTIN_PREFIX + n for n in EMBEDDED)
-        raise UserError(f"{field}: unknown embedded model {name!r} (known: {known})") from None
+def _embedded(name: str, field: str) -> EmbeddedModel | DraftCut:
+    """A built-in model: shipped in a package, or a draft cut from one (``models_cut``)."""
+    found = EMBEDDED.get(name) or CUTS.get(name)
+    if found is None:
+        known = ", ".join(BUILTIN_PREFIX + n for n in [*EMBEDDED, *CUTS])
+        raise UserError(f"{field}: unknown embedded model {name!r} (known: {known})")
+    return found
 
 
 def embedded_dir(name: str) -> Path:
@@ -89,7 +91,8 @@ def _gguf_path(model: EmbeddedModel) -> Path:
 
 
 def prepare(name: str, force: bool = False, quiet: bool = False) -> Path:
-    """Convert an embedded GGUF model into a vLLM-loadable directory; idempotent.
+    """Convert an embedded GGUF model into a vLLM-loadable directory, or cut a built-in draft
+    from its prepared base (``models_cut``); idempotent.
 
     The directory is built under a temporary name and renamed into place, so a crash midway
     never leaves a half-written model that a later run would try to load. ``quiet``: what the
@@ -100,16 +103,22 @@ def prepare(name: str, force: bool = False, quiet: bool = False) -> Path:
     target = embedded_dir(name)
     if is_prepared(name) and not force:
         return target
-    gguf = _gguf_path(model)
+    if isinstance(model, DraftCut):
+        source = prepare(model.base, quiet=quiet)
+        marker = {"name": name, "source": str(source), "layers": model.layers}
+    else:
+        source = _gguf_path(model)
+        marker = {"name": name, "source": str(source), "size": source.stat().st_size}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     log = target.parent / f"{name}.prepare.log"
     try:
         with _output_to(log) if quiet else contextlib.nullcontext():
-            _convert(gguf, tmp)
-        (tmp / _MARKER).write_text(
-            json.dumps({"name": name, "source": str(gguf), "size": gguf.stat().st_size}) + "\n"
-        )
+            if isinstance(model, DraftCut):
+                cut_layers(source, tmp, model.layers)
+            else:
+                _convert(source, tmp)
+        (tmp / _MARKER).write_text(json.dumps(marker) + "\n")
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -175,10 +184,14 @@ def resolve_model(
                     f"{field}: embedded model {name} is not prepared yet "
                     f"(run: batchspec models prepare {name})"
                 )
-            model = EMBEDDED[name]
-            _gguf_path(model)
+            model = _embedded(name, field)
+            base = EMBEDDED[model.base if isinstance(model, DraftCut) else name]
+            _gguf_path(base)
+            seconds = model.prepare_s + (
+                0 if base is model or is_prepared(base.name) else base.prepare_s
+            )
             print(
-                f"batchspec: preparing the embedded model {name} (once, ~{model.prepare_s} s)...",
+                f"batchspec: preparing the embedded model {name} (once, ~{seconds} s)...",
                 file=sys.stderr,
                 flush=True,
             )

@@ -78,3 +78,18 @@ def test_status_shows_the_same_per_domain(out: OutDir) -> None:
     assert "chosen K 0" in _k_text(rows["hard"]) and "3:1.05*" in _k_text(rows["hard"])
     # Without a view (nothing committed yet) the fields are there, empty.
     assert _domains(totals)[0]["k_chosen"] is None
+
+
+def test_report_says_when_acceptance_is_the_geometric_models(tmp_path: Path) -> None:
+    """A method whose drafts are not replayed (draft model, EAGLE, suffix, MTP on vLLM):
+    the report says that its K rests on the geometric model, not on replay."""
+    out = OutDir(tmp_path / "out")
+    ob = Observation("d", 3, 8, rows=4, output_tokens=400, running_s=40.0, engine="vllm")
+    ob.accepted, ob.rejections, ob.spec_steps, ob.decode_steps = 30, 90, 100, 366
+    SharedStats(out, "w1").append(ob)
+    view = controller_view(out)
+    assert view is not None and view[1]["d"].replayed == {}
+    assert format_k_view(view) == (
+        "K per domain at batch 8: no row replayed (replay is exact for n-gram drafts only); "
+        "acceptance at every K from the geometric model, alpha from the engine's own counts"
+    )

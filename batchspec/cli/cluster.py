@@ -282,8 +282,8 @@ def models_prepare(name: str, force: bool) -> None:
 )
 def models_list() -> None:
     """Embedded models and whether they are prepared."""
-    from batchspec.models import BUILTIN_PREFIX, EMBEDDED, embedded_dir, is_prepared
+    from batchspec.models import BUILTIN_PREFIX, CUTS, EMBEDDED, embedded_dir, is_prepared
 
-    for name, m in EMBEDDED.items():
+    for name, m in [*EMBEDDED.items(), *CUTS.items()]:
         state = f"prepared at {embedded_dir(name)}" if is_prepared(name) else "not prepared"
         click.echo(f"{BUILTIN_PREFIX}{name}  {m.description}  [{state}]")
