@@ -179,6 +179,10 @@ def with_controller(table: pl.DataFrame, view: ControllerView | None) -> pl.Data
     )
 
 
+def _units(n: int) -> str:
+    return f"{n} unit" if n == 1 else f"{n} units"
+
+
 def _fmt(value: object, digits: int = 2) -> str:
     if value is None:
         return "-"
@@ -254,7 +258,7 @@ def run_summary(stats: RunStats) -> str:
         staging = f", {stats.stage_s:.1f} s staging input" if stats.stage_s >= 0.05 else ""
         lines.append(
             f"this run: {stats.rows} rows ({stats.error_rows} errors) in "
-            f"{stats.units_committed} units, {stats.output_tokens} output tokens, "
+            f"{_units(stats.units_committed)}, {stats.output_tokens} output tokens, "
             f"{stats.output_tokens_per_s:.1f} output tokens/s over {stats.generate_s:.1f} s of "
             f"generation (+{stats.engine_build_s:.1f} s engine start{staging}; "
             f"wall {stats.wall_s:.1f} s)"
@@ -276,5 +280,5 @@ def run_summary(stats: RunStats) -> str:
         more = f"; {len(causes) - 3} more causes" if len(causes) > 3 else ""
         lines.append(f"error rows by cause: {shown}{more}")
     rows, _, table = domain_report(out)
-    lines += [f"committed: {rows} rows in {stats.units_total} units", table]
+    lines += [f"committed: {rows} rows in {_units(stats.units_total)}", table]
     return "\n".join(lines)
