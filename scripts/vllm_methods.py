@@ -1,0 +1,207 @@
+"""Every speculative method batchspec accepts, end to end on vLLM (issue 34, V4): for each, a
+run of the default job's first rows (output tokens/s, acceptance, whether the K controller's
+acceptance is replayed or modelled, as ``report`` says), ``verify`` greedy and sampled, and
+each again with the planted bias (every draft accepted, ``engines.planted``), which must fail.
+Prints one Markdown row per method (the table in docs/vllm-methods.md).
+
+    .venv/bin/python scripts/vllm_methods.py --work /tmp/vm               # every method
+    .venv/bin/python scripts/vllm_methods.py --work /tmp/vm --only suffix,draft_model
+    .venv/bin/python scripts/vllm_methods.py --work /tmp/vr --runs-only --adaptive
+
+EAGLE-3 needs a head: ``--head DIR`` (a ``batchspec distill`` output), else the script makes
+one first (a run of 24 rows, then ``batchspec distill --holdout 0 --epochs 3``). Suffix
+decoding needs ``bash scripts/setup_suffix.sh``. ``eagle`` and ``mtp`` are run through
+``validate`` only: no head or model for them exists here (the docs say why). Every engine
+runs in the CLI's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which the planted bias needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT / "jobs" / "data" / "prompts.parquet"
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+PLANTED = IN_PROCESS | {"BATCHSPEC_INJECT_ACCEPT_ALL": "1"}
+DRAFT = "builtin:smollm2-135m-draft"
+METHODS = ["none", "ngram", "draft_model", "eagle3", "suffix", "eagle", "mtp"]
+"""``none``: the K=0 baseline of the runs' tokens/s (nothing to verify)."""
+SAMPLED_TOKENS = {"eagle3": "4"}
+"""Tokens compared by the sampled verify (default 2): a small head's first draft after
+"Maria" was accepted in none of 150 samples, so it is given three speculative positions."""
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """``batchspec ARGS`` (output captured) and its wall seconds."""
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchspec", *args],
+        env=os.environ | (env or {}),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    return proc, time.time() - started
+
+
+def write_job(path: Path, ids: list[str], speculative: dict, **changes: dict) -> Path:
+    """The default job over the prompts ``ids``, K=3 fixed, with ``changes`` per section."""
+    job = yaml.safe_load((ROOT / "jobs" / "synth_data.yaml").read_text())
+    pl.read_parquet(PROMPTS).filter(pl.col("id").is_in(ids)).write_parquet(path.with_suffix(".pq"))
+    job["input"]["path"] = str(path.with_suffix(".pq"))
+    job["output"] = {"dir": str(path.parent / f"{path.stem}-out"), "unit_rows": 64}
+    job["model"].update(max_model_len=1024, max_num_seqs=8)
+    # The default job's n-gram bounds stay (vLLM's own defaults, 5..5, match far less).
+    job["speculative"].update({"num_speculative_tokens": 3, "adaptive": False} | speculative)
+    for name, values in changes.items():
+        job[name].update(values)
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def first_ids(per_domain: int) -> list[str]:
+    df = pl.read_parquet(PROMPTS).group_by("domain", maintain_order=True).head(per_domain)
+    return df["id"].to_list()
+
+
+def make_head(work: Path) -> str:
+    """An EAGLE-3 head distilled from a run of 24 rows (the first four of each domain)."""
+    job = write_job(
+        work / "head.yaml", first_ids(4), {"method": "ngram"}, sampling={"max_tokens": 32}
+    )
+    for args in (["run", str(job)], ["distill", str(job), "--holdout", "0", "--epochs", "3"]):
+        proc, took = cli(*args, env=IN_PROCESS)
+        print(f"head: batchspec {args[0]} exit {proc.returncode} in {took:.0f} s", flush=True)
+        if proc.returncode:
+            sys.exit(proc.stderr[-3000:])
+    return str(work / "head-out" / "drafts" / "eagle3")
+
+
+def run_figures(job: Path) -> str:
+    """``batchspec run`` then ``report``: tokens/s, acceptance, and replay (exact: the runs'
+    own check of replay against the engine's counts) or the geometric model (report's line)."""
+    proc, _ = cli("run", str(job), env=IN_PROCESS)
+    if proc.returncode:
+        return f"run exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1]}"
+    out = Path(yaml.safe_load(job.read_text())["output"]["dir"])
+    rate = re.search(r"([\d.]+) output tokens/s", proc.stdout)
+    parts = pl.read_parquet(sorted((out / "parts").rglob("*.parquet")))
+    drafted = parts["num_draft_tokens"].sum() or 0
+    accepted = parts["num_accepted_tokens"].sum() or 0
+    text = f"{len(parts)} rows, {rate[1] if rate else '?'} tok/s"
+    if drafted:
+        text += f", {accepted}/{drafted} drafts accepted ({accepted / drafted:.2f})"
+    logs = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
+    engines = [e for log in logs for e in log.get("engines", [])]
+    checked = sum(e.get("replay_checked", 0) for e in engines)
+    equal = sum(e.get("replay_equal", 0) for e in engines)
+    report, _ = cli("report", str(out))
+    said = [x for x in report.stdout.splitlines() if x.startswith("K per domain")]
+    if not drafted:
+        return f"{text} | -"
+    if checked:
+        exact = f"exact: replay equal to vLLM's count on {equal}/{checked} rows"
+        return f"{text} | {exact}" + (f"; report: {said[0]}" if said else "")
+    return f"{text} | modelled: report: {said[0] if said else '(no K view)'}"
+
+
+def verify_figures(job: Path, planted: bool, *args: str) -> str:
+    """One ``verify`` and the figures of its report (exit 0 pass, 1 fail)."""
+    out = job.parent / f"{job.stem}-{'planted' if planted else 'ok'}"
+    proc, took = cli(
+        "verify", str(job), "--output", str(out), *args, env=PLANTED if planted else IN_PROCESS
+    )
+    reports = sorted((out / "verify").glob("report-*.json"))
+    if not reports:
+        return f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1]}"
+    rep = json.loads(reports[-1].read_text())
+    (c,) = rep["checks"]
+    verdict = {0: "pass", 1: "FAIL"}.get(proc.returncode, f"exit {proc.returncode}")
+    verdict = "INCONCLUSIVE" if rep.get("inconclusive") else verdict
+    if c["check"] == "greedy":
+        what = f"{c['identical']}/{c['rows']} identical, {c['failures']} failures"
+    else:
+        what = f"{c['rejected']}/{c['tests']} tests rejected, min p {c['min_p']:.2g}"
+    return f"{verdict}: {what}, {rep.get('drafts_accepted', '?')} drafts accepted, {took:.0f} s"
+
+
+def validate_only(work: Path, method: str, speculative: dict) -> str:
+    job = write_job(work / f"{method}.yaml", first_ids(1), speculative)
+    proc, _ = cli("validate", str(job))
+    return (
+        f"validate exit {proc.returncode}: {(proc.stderr.strip() or proc.stdout).splitlines()[-1]}"
+    )
+
+
+def method_row(work: Path, method: str, speculative: dict, args: argparse.Namespace) -> str:
+    """The table's row of one method: run | replay | greedy | planted | sampled | planted."""
+    if method in ("eagle", "mtp"):
+        return f"| {method} | {validate_only(work, method, speculative)} |"
+    adaptive = {"adaptive": True} if args.adaptive and method != "none" else {}
+    run_job = write_job(
+        work / f"{method}-run.yaml",
+        first_ids(2),
+        speculative | adaptive,
+        sampling={"max_tokens": 64},
+    )
+    cells = [run_figures(run_job)]
+    if method != "none" and not args.runs_only:
+        greedy = write_job(
+            work / f"{method}-greedy.yaml", first_ids(1), speculative, sampling={"max_tokens": 32}
+        )
+        sampled = write_job(
+            work / f"{method}-sampled.yaml",
+            ["math-0001"],
+            speculative,
+            model={"max_num_seqs": 32},
+            sampling={"max_tokens": 32, "temperature": 1.0},
+        )
+        s_args = ("--rows", "1", "--samples", "150", "--tokens", SAMPLED_TOKENS.get(method, "2"))
+        cells += [
+            verify_figures(greedy, False, "--rows", "6"),
+            verify_figures(greedy, True, "--rows", "6"),
+            verify_figures(sampled, False, *s_args),
+            verify_figures(sampled, True, *s_args),
+        ]
+    return f"| {method} | " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, required=True, help="a new directory for the runs")
+    ap.add_argument("--only", help="comma-separated methods (default: all)")
+    ap.add_argument("--head", help="an EAGLE-3 head (batchspec distill); else one is made")
+    ap.add_argument("--runs-only", action="store_true", help="the runs alone, no verify")
+    ap.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="runs with the K controller (the default job's k_grid): report's K view",
+    )
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    methods = args.only.split(",") if args.only else METHODS
+    specs = {m: {"method": m} for m in methods}
+    if "draft_model" in specs:
+        specs["draft_model"]["model"] = DRAFT
+    for m in ("eagle3", "eagle"):
+        if m in specs:
+            args.head = args.head or make_head(args.work)
+            specs[m]["model"] = args.head
+    cols = ["run: rows, tok/s, acceptance", "replay", "greedy", "greedy planted", "sampled"]
+    print("| method | " + " | ".join([*cols, "sampled planted"]) + " |")
+    for method, spec in specs.items():
+        print(method_row(args.work, method, spec, args), flush=True)
+
+
+if __name__ == "__main__":
+    main()
