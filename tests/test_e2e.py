@@ -112,9 +112,14 @@ def test_bad_rows_become_error_rows(ngram_run) -> None:
 
 
 def test_acceptance_invariants(ngram_run) -> None:
-    spec_rows = ngram_run[2].filter(pl.col("error").is_null())
-    assert set(spec_rows["spec_method"]) == {"ngram"}
-    assert set(spec_rows["num_speculative_tokens"]) == {3}
+    good = ngram_run[2].filter(pl.col("error").is_null())
+    # The controller may take a domain off speculation once K is priced (the first engine
+    # runs at the job's K=3): such rows are plain decoding, with no drafts.
+    assert set(good["spec_method"]) <= {"ngram", "none"}
+    plain = good.filter(pl.col("spec_method") == "none")
+    assert set(plain["num_speculative_tokens"]) <= {0} and plain["num_draft_tokens"].sum() == 0
+    spec_rows = good.filter(pl.col("spec_method") == "ngram")
+    assert spec_rows.height > 0 and set(spec_rows["num_speculative_tokens"]) == {3}
     assert spec_rows["num_draft_tokens"].sum() > 0
     for r in spec_rows.iter_rows(named=True):
         assert 0 <= r["num_accepted_tokens"] <= r["num_draft_tokens"]
@@ -261,7 +266,8 @@ def test_k_is_priced_from_vllms_own_steps(ngram_run) -> None:
     found = read_step_fit(OutDir(out))
     assert found is not None
     batch, fit = found
-    assert batch == 8 and fit["steps"] >= MIN_STEPS, fit
+    # Its own steps, and maybe a prior of earlier runs on this machine (vllm_steps).
+    assert batch == 8 and fit["steps"] > 0 and fit["steps"] + fit["prior_steps"] >= MIN_STEPS, fit
     engine = fit["by_engine_k"]["3"]
     assert engine["fitted_s"] == pytest.approx(engine["measured_s"], rel=0.25), fit
     priced = {int(k): s for k, (s, _) in fit["priced"].items()}

@@ -89,13 +89,16 @@ def test_report_markdown_and_plots(done_run: tuple[Path, Path, str], tmp_path: P
     _, out, _ = done_run
     code, stdout, _ = cli("report", str(out), "--markdown", "--plots", str(tmp_path / "plots"))
     assert code == 0
-    domains, k_view = (block.splitlines() for block in stdout.strip().split("\n\n"))
+    blocks = (block.splitlines() for block in stdout.strip().split("\n\n"))
+    domains, k_view, predicted = blocks
     assert domains[0].startswith("| domain | rows | errors | out_tok | acc_rate | mean_acc_len")
     assert "p50_s | p95_s" in domains[0] and len(domains) == 2 + 6
     assert all(line.split(" | ")[1] == "2" for line in domains[2:])
     # The K controller's view: every domain replayed at every K of the grid, K=3 measured.
     assert k_view[0].startswith("| domain | chosen_K | tok/s | K=0 |") and len(k_view) == 2 + 6
     assert all("*" in line.split(" | ")[k_view[0].split(" | ").index("K=3")] for line in k_view[2:])
+    # And the predicted tokens/s at every K, why each K was chosen.
+    assert predicted[0].startswith("| domain | chosen_K | K=0 |") and len(predicted) == 2 + 6
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert names == [
         "acceptance_by_domain.png",

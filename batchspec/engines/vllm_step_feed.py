@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ from batchspec.spec import JobSpec
 
 def job_step_costs(spec: JobSpec) -> StepCosts:
     """The step costs of this job's vLLM engines on this machine: one per target model,
-    dtype, method, draft, tensor parallelism, compilation (eager or not) and thread count."""
+    dtype, method, draft, tensor parallelism, compilation (eager or not), thread count and
+    whether the engine runs in its own process."""
     import torch
 
     from batchspec.engines.tree.profile import cache_root, machine
@@ -31,6 +33,8 @@ def job_step_costs(spec: JobSpec) -> StepCosts:
         str(draft),
         f"tp={kwargs['tensor_parallel_size']}",
         f"eager={kwargs['enforce_eager']}",
+        # An engine in the worker's process has the worker's own work in each period.
+        f"mp={os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING', '1')}",
         f"threads={torch.get_num_threads()}",
     ]
     return step_costs_for(parts, cache_root())
