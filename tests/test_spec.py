@@ -272,5 +272,7 @@ def test_a_batch_size_schedule_is_vllms_in_one_engine_at_its_largest_k(tmp_path:
     assert cfg is not None and cfg["num_speculative_tokens"] == 5
     assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 4, 5], [5, 16, 0]]
     replays = Replays(spec)
-    replays._check({5: 7}, SpecStats(steps=4, drafted=10, accepted=3, histogram=(1, 1, 1, 1, 0, 0)), 5, set())
+    replays._check(
+        {5: 7}, SpecStats(steps=4, drafted=10, accepted=3, histogram=(1, 1, 1, 1, 0, 0)), 5, set()
+    )
     assert replays.checked == 0
