@@ -138,7 +138,8 @@ def cpu_kv_cache_bytes(spec: JobSpec, model_dirs: list[Path], k: int) -> int | N
     for path in model_dirs:
         try:
             cfg = json.loads((path / "config.json").read_text())
-            cfg = cfg.get("text_config", cfg)
+            # A speculators head (EAGLE-3) states its layer in transformer_layer_config.
+            cfg = cfg.get("text_config") or cfg.get("transformer_layer_config") or cfg
             heads = cfg["num_attention_heads"]
             head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
             kv_heads = cfg.get("num_key_value_heads") or heads
