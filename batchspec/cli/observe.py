@@ -152,6 +152,7 @@ def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     epilog=examples(
         "batchspec export out/synth_data --to datasets/synth_data",
         "batchspec export out/synth_data --to datasets/so_far --allow-unfinished",
+        "batchspec export out/synth_data --to datasets/sft --columns generation",
         "batchspec export out/requests --to results.jsonl --format openai-batch",
     ),
 )
@@ -188,6 +189,16 @@ def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     show_default=True,
     help="Export the input's prompt (or messages) column beside the generation, or leave it out.",
 )
+@click.option(
+    "--columns",
+    default="all",
+    show_default=True,
+    metavar="PROFILE|NAMES",
+    help="Which columns: generation (ids, prompt, generation, token counts, finish reason, "
+    "error), acceptance (and the speculative counts and rates), all (and timings, unit ids); "
+    "or column names, with or without a profile: generation,e2e_s. Profiles leave out nested "
+    "columns null in every row (logprobs where none were asked).",
+)
 @user_errors
 def export(
     out_dir: str,
@@ -197,6 +208,7 @@ def export(
     shard_mb: float,
     prompts: bool,
     fmt: str,
+    columns: str,
 ) -> None:
     """Write OUT_DIR's rows in input order as one Hugging Face dataset (Parquet shards,
     dataset card), or as one JSON lines file (``--format``)."""
@@ -206,14 +218,18 @@ def export(
     if fmt != "parquet":
         from batchspec.observe.export_lines import export_lines
 
-        lines = export_lines(out, Path(dest), fmt, include_errors, allow_unfinished, prompts)
+        lines = export_lines(
+            out, Path(dest), fmt, include_errors, allow_unfinished, prompts, columns=columns
+        )
         errors = "kept" if include_errors else "left out"
         click.echo(
             f"exported {lines.rows} rows in input order to {lines.dest} as {fmt} "
             f"({lines.lines} lines; {lines.error_rows} error rows {errors})"
         )
         return
-    r = export_dataset(out, Path(dest), include_errors, allow_unfinished, shard_mb, prompts)
+    r = export_dataset(
+        out, Path(dest), include_errors, allow_unfinished, shard_mb, prompts, columns
+    )
     errors = "kept" if include_errors else "left out"
     missing = f", {r.missing_rows} rows not generated yet" if r.missing_rows else ""
     shown = f"prompts in `{r.prompt_column}`" if r.prompt_column else "no prompt column"

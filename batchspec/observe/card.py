@@ -9,12 +9,14 @@ output column to it): a dataset's user reads the card, not batchspec's source.""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 import pyarrow as pa
 import yaml
 
 from batchspec import __version__
+from batchspec.observe.columns import Kept
 
 
 def _size_category(rows: int) -> str:
@@ -121,10 +123,31 @@ _PLAIN = {
 """Arrow's names for how a type is held (offset widths, views) are no matter to a reader."""
 
 
-def columns_table(inp: dict[str, Any], schema: pa.Schema) -> str:
-    """The ``| column | type | meaning |`` table, one row per column, in the data's order."""
-    rows = [f"| `{f.name}` | `{type_name(f.type)}` | {describe(f.name, inp)} |" for f in schema]
+def columns_table(inp: dict[str, Any], schema: pa.Schema, null: Collection[str] = ()) -> str:
+    """The ``| column | type | meaning |`` table, one row per column, in the data's order;
+    ``null``: the columns null in every row, said so (a reader should not look for values)."""
+    rows = [
+        f"| `{f.name}` | `{type_name(f.type)}` | {describe(f.name, inp)}"
+        + ("; null in every row of this dataset" if f.name in null else "")
+        + " |"
+        for f in schema
+    ]
     return "| column | type | meaning |\n| --- | --- | --- |\n" + "\n".join(rows)
+
+
+def kept_columns(kept: Kept) -> str:
+    """The card's line on ``--columns``: the profile or names, and what was left out."""
+    if not kept.left_out:
+        return f"all {len(kept.schema)} of the run's columns (`--columns {kept.asked}`)"
+    shown = [f"`{n}`" for n in kept.left_out if n not in kept.empty]
+    line = (
+        f"{len(kept.schema)} of the run's {len(kept.schema) + len(kept.left_out)} "
+        f"(`--columns {kept.asked}`); left out: {', '.join(shown) or 'nothing else'}"
+    )
+    if kept.empty:
+        empty = ", ".join(f"`{n}`" for n in kept.empty)
+        line += f"; and, null in every row of the run, {empty}"
+    return line
 
 
 def no_acceptance(counts: dict[str, Any]) -> str:
@@ -158,8 +181,9 @@ def header(rows: int) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
-def summary(spec: dict[str, Any], schema: pa.Schema, counts: dict[str, Any]) -> str:
-    """The card's list: rows, prompts, checks, errors, model, speculation, sampling."""
+def summary(spec: dict[str, Any], kept: Kept, counts: dict[str, Any]) -> str:
+    """The card's list: rows, prompts, columns, checks, errors, model, speculation,
+    sampling."""
     model, spec_s, sampling = spec["model"], spec["speculative"], spec["sampling"]
     errors = (
         f"{counts['error_rows']} error rows kept (`error` set, generation columns null)"
@@ -173,14 +197,16 @@ def summary(spec: dict[str, Any], schema: pa.Schema, counts: dict[str, Any]) -> 
     )
     draft = f", draft `{spec_s['model']}`" if spec_s.get("model") else ""
     source = spec["input"].get("prompt_column") or spec["input"].get("messages_column")
+    why = "`--columns`" if source in kept.left_out else "`--no-prompts`"
     prompts = (
         f"the input's `{source}` column, beside the generation"
-        if source in schema.names
-        else f"left out (`--no-prompts`): they are the input's `{source}` column"
+        if source in kept.schema.names
+        else f"left out ({why}): they are the input's `{source}` column"
     )
     return f"""\
 - **rows**: {counts["rows"]}, in input order, in {counts["shards"]} Parquet shard(s) under `data/`
 - **prompts**: {prompts}
+- **columns**: {kept_columns(kept)}
 - **checked at export**: every input id appears exactly once
 - **error rows**: {errors}{missing}
 - **model**: `{model["model"]}`, dtype `{model["dtype"]}`, batch `{model["max_num_seqs"]}`
@@ -204,15 +230,16 @@ def _more_sampling(sampling: dict[str, Any]) -> str:
     return (",\n  " + ", ".join(shown)) if shown else ""
 
 
-def dataset_card(
-    job: dict[str, Any],
-    schema: pa.Schema,
-    counts: dict[str, Any],
-    table_md: str,
-) -> str:
+def dataset_card(job: dict[str, Any], kept: Kept, counts: dict[str, Any], table_md: str) -> str:
     """The whole card; ``counts``: rows, error_rows, errors_kept, missing_rows, shards,
-    no_acceptance_rows."""
+    no_acceptance_rows, null_columns. Why rows lack acceptance figures only where the
+    acceptance columns were kept."""
     spec = job["spec"]
+    why = (
+        f"\n## Why some rows have no acceptance\n\n{no_acceptance(counts)}\n"
+        if "acceptance_rate" in kept.schema.names
+        else ""
+    )
     name = spec.get("name") or "batchspec dataset"
     return f"""{header(counts["rows"])}
 # {name}
@@ -220,7 +247,7 @@ def dataset_card(
 Generated with batchspec {__version__}: every input row answered by the model below, with
 speculative decoding (lossless: the model's own output distribution).
 
-{summary(spec, schema, counts)}
+{summary(spec, kept, counts)}
 
 Load it with `datasets.load_dataset("<this folder>")` (the header above names the files),
 or `load_dataset("parquet", data_files="<this folder>/data/*.parquet")`.
@@ -235,12 +262,8 @@ K its rows ran with; `row_tok/s`: median decode speed of a row; `p50_s`, `p95_s`
 
 ## Columns
 
-{columns_table(spec["input"], schema)}
-
-## Why some rows have no acceptance
-
-{no_acceptance(counts)}
-
+{columns_table(spec["input"], kept.schema, counts.get("null_columns", []))}
+{why}
 ## Job spec
 
 ```yaml

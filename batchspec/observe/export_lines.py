@@ -1,6 +1,6 @@
 """``batchspec export --format jsonl|openai-batch``: the committed output as one JSON lines file.
 
-The rows come as the Parquet export takes them (``export.ordered_chunks``: input order, every
+The rows come as the Parquet export takes them (``ordering.ordered_chunks``: input order, every
 input id checked against the parts, row for row); only the writing differs. ``jsonl`` writes
 one object per output row with the dataset's columns. ``openai-batch`` writes one response per
 input row, as ``vllm run-batch`` and OpenAI's batch API write them (``custom_id``, ``response``
@@ -28,7 +28,8 @@ import pyarrow as pa
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir, temp_name
-from batchspec.observe.export import dataset_columns, ordered_chunks
+from batchspec.observe.columns import DEFAULT, kept_for
+from batchspec.observe.ordering import dataset_columns, ordered_chunks
 from batchspec.observe.record import check_finished, load_job_record, planned_units
 from batchspec.observe.shards import check_dest
 
@@ -72,20 +73,25 @@ def export_lines(
     allow_unfinished: bool = False,
     prompts: bool = True,
     replace: bool = False,
+    columns: str = DEFAULT,
 ) -> LinesResult:
     """Write the run's rows to the file ``dest`` in ``fmt`` (see the module's docstring);
-    ``replace``: an existing file is replaced (``run-batch``, as ``vllm run-batch`` does)."""
+    ``replace``: an existing file is replaced (``run-batch``, as ``vllm run-batch`` does);
+    ``columns``: the ``--columns`` of a ``jsonl`` file (a response's shape is OpenAI's)."""
+    if fmt == "openai-batch" and columns != DEFAULT:
+        raise UserError("--columns: an openai-batch file has the responses' own fields")
     if not (replace and dest.is_file()):
         check_dest(dest)
     job = load_job_record(out)
     units = planned_units(out, job)
     check_finished(out, units, allow_unfinished)
     cols = dataset_columns(job, [Path(f) for f in job["input_files"]], prompts)
+    names = kept_for(out, job, cols.schema, columns).schema.names
     result = LinesResult(dest)
     writer = _Responses(job, cols.n) if fmt == "openai-batch" else None
     with _atomic(dest) as fh:
         for rows in ordered_chunks(out, units, cols):
-            for line in _lines(rows, writer, include_errors, result):
+            for line in _lines(rows, writer, include_errors, result, names):
                 fh.write(line + "\n")
                 result.lines += 1
     return result
@@ -112,16 +118,21 @@ def _atomic(dest: Path) -> Iterator[IO[str]]:
 
 
 def _lines(
-    rows: pa.Table, writer: _Responses | None, include_errors: bool, result: LinesResult
+    rows: pa.Table,
+    writer: _Responses | None,
+    include_errors: bool,
+    result: LinesResult,
+    names: list[str],
 ) -> Iterator[str]:
-    """One chunk's lines: a row each (``jsonl``), or a response per prompt (``writer``)."""
+    """One chunk's lines: a row each, of the columns ``names`` (``jsonl``), or a response per
+    prompt (``writer``)."""
     records = rows.to_pylist()
     result.rows += len(records)
     result.error_rows += sum(r["error"] is not None for r in records)
     if writer is None:
         for r in records:
             if include_errors or r["error"] is None:
-                yield json.dumps(r, ensure_ascii=False, default=str)
+                yield json.dumps({n: r[n] for n in names}, ensure_ascii=False, default=str)
         return
     n = writer.n
     for i in range(0, len(records), n):
