@@ -4,6 +4,8 @@ command's help ends with examples, and the command lists are not cut short; ``--
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import click
 import pytest
@@ -72,3 +74,18 @@ def test_slurm_submit_verbose_passes_it_to_the_tasks(job_file) -> None:
     (line,) = [x for x in result.stdout.splitlines() if " -m batchspec run " in x]
     assert "--verbose" in line
     os.environ.pop(VERBOSE_ENV, None)  # the in-process option set it
+
+
+def test_helps_send_the_reader_to_docs_that_exist() -> None:
+    """A help that points at the docs ("docs/PAGE.md: heading") names a page and a heading
+    that exist; the README's command table lists every command."""
+    root = Path(__file__).resolve().parents[1]
+    for words in commands():
+        text = " ".join(CliRunner().invoke(main, [*words, "-h"]).output.split())
+        assert "README:" not in text, words
+        for page, heading in re.findall(r"\((docs/[\w-]+\.md): ([^)]+)\)", text):
+            titles = re.findall(r"^#+ (.+)$", (root / page).read_text(), re.M)
+            assert any(heading in t.replace("`", "") for t in titles), (words, page, heading)
+    table = (root / "README.md").read_text().split("## Commands")[1].split("\n\n")[1]
+    for name in main.commands:
+        assert f"| `batchspec {name}" in table, name

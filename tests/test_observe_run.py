@@ -16,6 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, write_job
+from support.doc_examples import shapes, status_examples
 
 from batchspec.cli import main
 
@@ -87,6 +88,28 @@ def test_status_json_after_the_run(done_run: tuple[Path, Path, str]) -> None:
         assert by_domain[d["domain"]]["k_in_use"] == []
     code, text, _ = cli("status", str(out))
     assert code == 0 and "complete" in text and "rows: 12/12 committed (100.0%)" in text
+
+
+def test_the_docs_status_examples_after_a_run_are_what_status_prints(
+    done_run: tuple[Path, Path, str],
+) -> None:
+    """The README's and operations.md's ``status`` examples of a finished run show the lines
+    ``status`` prints after this run, shape for shape (numbers, names and paths aside): every
+    kind of line, a domain's ending as this run's do (the K controller's chosen K and the
+    tokens per step replayed)."""
+    _, out, _ = done_run
+    code, text, _ = cli("status", str(out))
+    assert code == 0
+    real = shapes(text.splitlines())
+    finished = [b for b in status_examples() if b[0].endswith(": complete")]
+    assert len(finished) >= 2  # the README's and operations.md's
+    for block in finished:
+        example = shapes(block)
+        assert set(example) == set(real), block
+        for kind in set(real) - {"domain"}:
+            assert example[kind] == real[kind], (kind, example[kind], real[kind])
+        # An example may show fewer domains; each of its lines is one this run prints.
+        assert example["domain"] <= real["domain"], (example["domain"], real["domain"])
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -19,6 +19,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from support.doc_examples import shapes, status_examples
 
 from batchspec.cli import main
 from batchspec.io.layout import OutDir
@@ -373,8 +374,10 @@ def test_progress_records_add_up_over_workers(tmp_path: Path) -> None:
     assert rows_s == pytest.approx((6 + 9 + 2) / span, rel=0.05) or span < 0.5
 
 
-def test_status_json_while_units_are_leased(tmp_path: Path) -> None:
-    out = synthetic_run(tmp_path)
+def leased_run(tmp: Path) -> tuple[OutDir, list[Path]]:
+    """A synthetic run with two units left: one leased by a live worker (one row finished),
+    one pending; and the parts it had before."""
+    out = synthetic_run(tmp)
     parts = out.part_files()
     for p in parts[:2]:
         p.unlink()
@@ -383,6 +386,11 @@ def test_status_json_while_units_are_leased(tmp_path: Path) -> None:
     log = ProgressLog(out, "w1", "run", leases)  # its record is its heartbeat (leases/)
     log.watch(lambda: [UnitRequests(WorkUnit(0, "in", 0, 4, "a", 2), finished=1)], 3)
     log.write()
+    return out, parts
+
+
+def test_status_json_while_units_are_leased(tmp_path: Path) -> None:
+    out, parts = leased_run(tmp_path)
     result = CliRunner().invoke(main, ["status", str(out), "--json"])
     assert result.exit_code == 0, result.output
     st = json.loads(result.stdout)
@@ -400,6 +408,23 @@ def test_status_json_while_units_are_leased(tmp_path: Path) -> None:
     assert st["leases"][0]["heartbeat_age_s"] < 5 and st["rows"]["finished_uncommitted"] == 1
     assert st["workers"][0]["state"] == "live" and st["workers"][0]["k"] == 3
     assert {d["domain"]: d["k_in_use"] for d in st["domains"]} == {"a": [3]}
+
+
+def test_the_docs_status_example_while_a_run_goes_is_what_status_prints(tmp_path: Path) -> None:
+    """operations.md's example of ``status`` during a run, line shape for line shape (numbers,
+    names and paths aside; a domain's line may go on with the K controller's view, which this
+    run has none of). After a run: ``test_observe_run``."""
+    result = CliRunner().invoke(main, ["status", str(leased_run(tmp_path)[0])])
+    real = shapes(result.stdout.splitlines())
+    running = [b for b in status_examples() if b[0].endswith(": running")]
+    assert running
+    for block in running:
+        example = shapes(block)
+        assert set(example) == set(real), block
+        for kind in set(real) - {"domain"}:
+            assert example[kind] == real[kind], (kind, example[kind], real[kind])
+        for line in example["domain"]:
+            assert any(line.startswith(want) for want in real["domain"]), (line, real["domain"])
 
 
 def test_a_launchers_progress_adds_up_its_workers_records(tmp_path: Path) -> None:

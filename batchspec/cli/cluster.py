@@ -244,7 +244,12 @@ def _check_submit(
 )
 @out_argument
 @lease_timeout_option
-@click.option("--json", "as_json", is_flag=True, help="The stable JSON form (README: status).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="The stable JSON form (docs/operations.md: status --json).",
+)
 @require_complete_option
 @user_errors
 def slurm_status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:

@@ -98,7 +98,12 @@ lease_timeout_option = click.option(
 )
 @out_argument
 @lease_timeout_option
-@click.option("--json", "as_json", is_flag=True, help="The stable JSON form (README: status).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="The stable JSON form (docs/operations.md: status --json).",
+)
 @require_complete_option
 @user_errors
 def status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:

@@ -37,7 +37,8 @@ COLUMN_DOCS = {
     "to keep replay under 1% of generation time)",
     "replayed_accepted": "per K of `replayed_k`, the draft tokens the job's drafter, replayed "
     "over this row's prompt and output, would have had accepted (at the K that ran: the real "
-    "count; sampled rows at other K: an unbiased estimate)",
+    "count, less the 1-2 drafts the engine counts past the row's end where an EOS or "
+    "`max_tokens` cut an accepted draft; sampled rows at other K: an unbiased estimate)",
     "num_prompt_tokens": "prompt tokens the model read, after the chat template",
     "num_output_tokens": "tokens generated",
     "finish_reason": "`stop` (end of sequence or a stop string) or `length` (`max_tokens`)",
