@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from batchspec.cli.common import (
+    at_least,
     examples,
     job_argument,
     limit_option,
@@ -17,13 +18,7 @@ from batchspec.cli.common import (
     user_errors,
     verbose_option,
 )
-from batchspec.cli.observe import (
-    existing_out,
-    lease_timeout_option,
-    out_argument,
-    print_status,
-    require_complete_option,
-)
+from batchspec.cli.observe import existing_out, print_status, status_options
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 
@@ -80,18 +75,13 @@ def _slurm_time(_ctx: click.Context, _param: click.Parameter, value: str | None)
     ),
 )
 @job_argument
-@click.option(
-    "--tasks",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Array tasks (workers, on as many nodes as Slurm gives).",
+@at_least(
+    "--tasks", floor=1, default=1, help="Array tasks (workers, on as many nodes as Slurm gives)."
 )
-@click.option(
+@at_least(
     "--gpus-per-task",
-    type=click.IntRange(min=0),
+    floor=0,
     default=0,
-    show_default=True,
     help="GPUs per task; a task runs gpus/tensor_parallel_size workers.",
 )
 @click.option("--cpus-per-task", type=click.IntRange(min=1), help="CPUs per task.")
@@ -103,11 +93,10 @@ def _slurm_time(_ctx: click.Context, _param: click.Parameter, value: str | None)
     help="Time limit per task (Slurm format, e.g. 4:00:00 or 1-12).",
 )
 @click.option("--account", help="Slurm account.")
-@click.option(
+@at_least(
     "--signal-lead",
-    type=click.IntRange(min=1),
+    floor=1,
     default=120,
-    show_default=True,
     help="Seconds before the limit that the task is told to stop.",
 )
 @click.option(
@@ -242,15 +231,7 @@ def _check_submit(
         "batchspec slurm status out/synth_data --require-complete   # exit 0 only when complete",
     ),
 )
-@out_argument
-@lease_timeout_option
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="The stable JSON form (docs/operations.md: status --json).",
-)
-@require_complete_option
+@status_options
 @user_errors
 def slurm_status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:
     """Per-task Slurm state (squeue/sacct) and units done/leased/pending/failed."""

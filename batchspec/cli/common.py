@@ -3,11 +3,12 @@ examples at the end of each ``--help``."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,14 @@ limit_option = click.option(
 )
 
 
+def at_least(name: str, floor: float, default: float, help: str) -> Callable[..., Any]:
+    """An option taking a number no smaller than ``floor`` (an integer where ``default`` is
+    one), its default shown: how the commands declare their counts, sizes and intervals, so
+    that each help says its bound and default alike."""
+    kind = click.IntRange if isinstance(default, int) else click.FloatRange
+    return click.option(name, type=kind(min=floor), default=default, show_default=True, help=help)
+
+
 VERBOSE_ENV = "BATCHSPEC_VERBOSE"
 """Set to 1 by ``--verbose``: the engines' own logs go to the terminal, not only to the run's
 log file. Engine processes inherit it."""
@@ -89,3 +98,18 @@ def verbose_option(expose: bool = False) -> Callable[[Callable[..., Any]], Calla
 def examples(*lines: str) -> str:
     """A ``--help`` epilog of example command lines, kept as written (click's ``\\b``)."""
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+@contextlib.contextmanager
+def engine_output(spec: JobSpec, command: str) -> Iterator[Callable[..., None]]:
+    """``tune`` and ``verify`` measure with engines whose output goes to a log of their own,
+    ``OUT/runs/<command>-<worker>.log``, named on the terminal first; yields the ``echo``
+    that keeps the command's own lines (its tables) on the terminal meanwhile."""
+    from batchspec.engines.quiet import results_output
+    from batchspec.io.layout import OutDir
+    from batchspec.work.runlog import worker_name
+
+    log = OutDir(spec.output_dir).engine_log(f"{command}-{worker_name()}")
+    click.echo(f"engine output: {log}")
+    with results_output(log) as echo:
+        yield echo

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from batchspec.cli.common import (
+    at_least,
+    engine_output,
     examples,
     job_argument,
     limit_option,
@@ -60,18 +62,16 @@ def _finish(stats: RunStats) -> None:
 @set_option
 @verbose_option()
 @click.option("--no-progress", is_flag=True, help="No progress bar or progress lines.")
-@click.option(
+@at_least(
     "--log-every",
-    type=click.FloatRange(min=1),
+    floor=1,
     default=30.0,
-    show_default=True,
     help="When stderr is not a terminal (Slurm logs, CI): seconds between progress lines.",
 )
-@click.option(
+@at_least(
     "--workers",
-    type=click.IntRange(min=1),
+    floor=1,
     default=1,
-    show_default=True,
     help="Worker processes on this node; on GPUs each gets tensor_parallel_size GPUs.",
 )
 @click.option(
@@ -205,11 +205,10 @@ def _engine_line(spec: JobSpec, pre: Preflight, routed: JobSpec) -> str:
 )
 @job_argument
 @output_option
-@click.option(
+@at_least(
     "--sample",
-    type=click.IntRange(min=1),
+    floor=1,
     default=16,
-    show_default=True,
     help="Rows per domain measured at each K and batch size; at least the batch size (a "
     "full batch; a domain with fewer rows repeats them).",
 )
@@ -225,10 +224,8 @@ def tune(
     overrides: tuple[str, ...],
 ) -> None:
     """Measure tokens/s and acceptance per domain for every K of the grid; write tuning.json."""
-    from batchspec.engines.quiet import results_output
     from batchspec.io.layout import OutDir
     from batchspec.measure.tune import tune as run_tune
-    from batchspec.work.runlog import worker_name
 
     spec = load_job(job, overrides, output)
     try:
@@ -243,8 +240,6 @@ def tune(
         f"tuning {spec.speculative.method} K in {spec.speculative.k_grid} on engine "
         f"{spec.speculative.engine}; rows per domain and K: {rows}"
     )
-    log = OutDir(spec.output_dir).engine_log(f"tune-{worker_name()}")
-    click.echo(f"engine output: {log}")
-    with results_output(log) as echo:
+    with engine_output(spec, "tune") as echo:
         run_tune(spec, sample, sizes, path, echo=echo)
     click.echo(f"tuning file: {path} (batchspec run on this output directory uses it)")

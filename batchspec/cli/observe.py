@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from batchspec.cli.common import examples, user_errors
+from batchspec.cli.common import at_least, examples, user_errors
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 
@@ -88,6 +90,22 @@ lease_timeout_option = click.option(
 )
 
 
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="The stable JSON form (docs/operations.md: status --json).",
+)
+
+
+def status_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """OUT_DIR, ``--lease-timeout``, ``--json`` and ``--require-complete``: what ``status``
+    and ``slurm status`` both take, since both print ``print_status``."""
+    for option in (require_complete_option, json_option, lease_timeout_option, out_argument):
+        command = option(command)
+    return command
+
+
 @click.command(
     short_help="Units, rows, throughput, ETA and K of a run.",
     epilog=examples(
@@ -96,15 +114,7 @@ lease_timeout_option = click.option(
         "batchspec status out/synth_data --require-complete   # exit 0 only when complete",
     ),
 )
-@out_argument
-@lease_timeout_option
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="The stable JSON form (docs/operations.md: status --json).",
-)
-@require_complete_option
+@status_options
 @user_errors
 def status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:
     """Units done / leased / pending / failed, rows, throughput, ETA and K per domain."""
@@ -181,13 +191,7 @@ def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     help="Keep error rows (error set, generation columns null) or leave them out.",
 )
 @click.option("--allow-unfinished", is_flag=True, help="Export what is committed so far.")
-@click.option(
-    "--shard-mb",
-    type=click.FloatRange(min=0.01),
-    default=500.0,
-    show_default=True,
-    help="Largest shard size in MB (zstd Parquet).",
-)
+@at_least("--shard-mb", floor=0.01, default=500.0, help="Largest shard size in MB (zstd Parquet).")
 @click.option(
     "--prompts/--no-prompts",
     default=True,

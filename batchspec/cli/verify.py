@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from batchspec.cli.common import (
+    engine_output,
     examples,
     job_argument,
     load_job,
@@ -104,13 +105,11 @@ def verify(
     overrides: tuple[str, ...],
 ) -> None:
     """Check that JOB's speculation leaves the target's output distribution unchanged."""
-    from batchspec.engines.quiet import results_output
     from batchspec.io.checks import check_output_dir
     from batchspec.io.layout import OutDir
     from batchspec.measure.verify import verify as run_verify
     from batchspec.measure.verify import write_report
     from batchspec.speculation.route import route_job
-    from batchspec.work.runlog import worker_name
 
     spec = load_job(job, overrides, output)
     check_output_dir(spec.output_dir)  # before the route reads a tuning file there
@@ -126,9 +125,7 @@ def verify(
         f"verifying {s.method} {ks} on the {s.engine} engine against plain decoding "
         f"({spec.model.dtype}, temperature {spec.sampling.temperature:g})"
     )
-    log = OutDir(spec.output_dir).engine_log(f"verify-{worker_name()}")
-    click.echo(f"engine output: {log}")
-    with results_output(log) as echo:
+    with engine_output(spec, "verify") as echo:
         report = run_verify(spec, rows, samples, tokens, alpha, near_tie, echo, k, not skip_float32)
     path = write_report(spec.output_dir, report)
     click.echo(format_report(report))

@@ -37,32 +37,22 @@ from batchspec.io.layout import OutDir
 from batchspec.io.writer import RESULT_FIELDS
 from batchspec.observe.scan import read_part
 
-GENERATION = [
-    "sample_index",
-    "generated_text",
-    "num_prompt_tokens",
-    "num_output_tokens",
-    "finish_reason",
-    "logprobs",
-    "prompt_logprobs",
-    "error",
-]
+
+def span(first: str, last: str) -> list[str]:
+    """The output columns from ``first`` to ``last`` in the writer's order (``RESULT_FIELDS``),
+    which keeps each kind together: the generation, the speculative counts, the replay,
+    logprobs, timings. A column added within a kind joins the profiles that take it."""
+    names = [f.name for f in RESULT_FIELDS]
+    return names[names.index(first) : names.index(last) + 1]
+
+
+SPECULATIVE = span("engine", "replayed_accepted")
+"""How each row was drafted and what was accepted, and its replay at every K."""
+TIMINGS = span("queue_s", "output_tokens_per_s")
+GENERATION = [*span("sample_index", "finish_reason"), *span("logprobs", "prompt_logprobs"), "error"]
 """The output columns of ``generation``: besides them it keeps every column that is not an
 output column (id, domain, pass-through, the prompt)."""
-ACCEPTANCE = [
-    *GENERATION,
-    "engine",
-    "spec_method",
-    "num_speculative_tokens",
-    "num_spec_steps",
-    "num_draft_tokens",
-    "num_accepted_tokens",
-    "acceptance_rate",
-    "mean_acceptance_length",
-    "acceptance_histogram",
-    "replayed_k",
-    "replayed_accepted",
-]
+ACCEPTANCE = [*GENERATION, *SPECULATIVE]
 ALL = [f.name for f in RESULT_FIELDS]
 PROFILES = {"generation": GENERATION, "acceptance": ACCEPTANCE, "all": ALL}
 DEFAULT = "all"

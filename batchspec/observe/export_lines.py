@@ -28,32 +28,14 @@ import pyarrow as pa
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir, temp_name
-from batchspec.observe.columns import DEFAULT, kept_for
+from batchspec.observe.columns import DEFAULT, TIMINGS, kept_for, span
 from batchspec.observe.ordering import dataset_columns, ordered_chunks
 from batchspec.observe.record import check_finished, load_job_record, planned_units
 from batchspec.observe.shards import check_dest
 
 LINE_FORMATS = ("jsonl", "openai-batch")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-MEASURED = (
-    "sample_index",
-    "domain",
-    "engine",
-    "spec_method",
-    "num_speculative_tokens",
-    "num_spec_steps",
-    "num_draft_tokens",
-    "num_accepted_tokens",
-    "acceptance_rate",
-    "mean_acceptance_length",
-    "acceptance_histogram",
-    "queue_s",
-    "ttft_s",
-    "decode_s",
-    "e2e_s",
-    "output_tokens_per_s",
-    "unit_id",
-)
+MEASURED = ("sample_index", "domain", *span("engine", "acceptance_histogram"), *TIMINGS, "unit_id")
 """A row's columns carried in an OpenAI response's ``batchspec`` field."""
 
 
