@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from batchspec.cli.common import (
+    at_least,
     examples,
     job_argument,
     load_job,
@@ -35,10 +36,10 @@ from batchspec.cli.common import (
 @click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.1,
               show_default=True,
               help="Fraction of rows held out to measure acceptance.")  # fmt: skip
-@click.option("--epochs", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Passes over the training rows.")  # fmt: skip
-@click.option("--vocab", type=click.IntRange(min=0), default=4096, show_default=True,
-              help="Draft vocabulary: the N most frequent tokens (0: all).")  # fmt: skip
+@at_least("--epochs", floor=1, default=2, help="Passes over the training rows.")
+@at_least(
+    "--vocab", floor=0, default=4096, help="Draft vocabulary: the N most frequent tokens (0: all)."
+)
 @click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop training after M minutes (the epoch in progress ends there).")  # fmt: skip
 @set_option

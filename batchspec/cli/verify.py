@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from batchspec.cli.common import (
+    at_least,
     engine_output,
     examples,
     job_argument,
@@ -72,12 +73,14 @@ def format_report(report: dict[str, Any]) -> str:
 )
 @job_argument
 @output_option
-@click.option("--rows", type=click.IntRange(min=1), default=24, show_default=True,
-              help="Rows compared, spread evenly over the domains.")  # fmt: skip
-@click.option("--samples", type=click.IntRange(min=2), default=200, show_default=True,
-              help="Sampled jobs: samples per prompt and run.")  # fmt: skip
-@click.option("--tokens", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Sampled jobs: first generated tokens tested, each on its own.")  # fmt: skip
+@at_least("--rows", floor=1, default=24, help="Rows compared, spread evenly over the domains.")
+@at_least("--samples", floor=2, default=200, help="Sampled jobs: samples per prompt and run.")
+@at_least(
+    "--tokens",
+    floor=1,
+    default=4,
+    help="Sampled jobs: first generated tokens tested, each on its own.",
+)
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=0.05, show_default=True,
               help="Family-wise error rate of the sampled tests (Holm).")  # fmt: skip
