@@ -34,7 +34,7 @@ import torch
 
 from batchspec.engines import planted
 from batchspec.engines.base import EngineFailure, UnitSource
-from batchspec.engines.tree.accept import TorchDraws, accept_greedy, accept_sampled
+from batchspec.engines.tree.accept import Draws, TorchDraws, accept_greedy, accept_sampled
 from batchspec.engines.tree.drafting import Ask, ask_for
 from batchspec.engines.tree.load import Target, load_target, max_k, open_drafter
 from batchspec.engines.tree.penalties import open_penalties
@@ -88,6 +88,8 @@ class TreeEngine:
         self.rng = self._generator(spec.model.seed)
         """Rows without a seed of their own draw from this one, in the order they step."""
         self.planted = planted.planted_on()
+        self.draws: Callable[[torch.Generator], Draws] = TorchDraws
+        """A row's random draws from its generator (every token it samples: tests walk them)."""
         self.shared_prefills = 0
         """Prompts copied from a row in flight instead of computed (a prompt's n samples)."""
         self.build_s = time.perf_counter() - started
@@ -210,7 +212,10 @@ class TreeEngine:
         flight already has (n samples of one prompt) is copied from that row's slot."""
         key = hash(tuple(prompt))
         twin = self.by_prompt.get(key)
-        if twin is not None and twin.req.prompt_token_ids == prompt and twin in self.rows:
+        same = twin is not None and twin.req.prompt_token_ids == prompt and twin in self.rows
+        # A drafting row copies only a drafting twin: the drafter's state of the prompt (an
+        # EAGLE head's features of every position) comes from a computed prefill or the twin's.
+        if same and (self._drafts(twin) or not self._drafts(row)):
             self.model.share_prefix(twin.slot, row.slot, len(prompt))
             self.shared_prefills += 1
             row.prefill_logits = twin.prefill_logits
@@ -219,8 +224,7 @@ class TreeEngine:
             row.prefill_logits = self.model.prefill(row.slot, prompt)
             self.by_prompt[key] = row
         if self._drafts(row):
-            shared = twin.slot if twin is not None and self._drafts(twin) else None
-            self.drafter.start(row.slot, prompt, shared)
+            self.drafter.start(row.slot, prompt, twin.slot if twin is not None else None)
         return row.prefill_logits
 
     def _drafts(self, row: TreeRow) -> bool:
@@ -234,8 +238,7 @@ class TreeEngine:
         s = row or self.spec.sampling  # a row's own settings (sampling.columns)
         if s.temperature == 0:
             return int(torch.argmax(logits[0]))
-        probs = target_probs(logits, s)
-        return int(torch.multinomial(probs[0], 1, generator=gen))
+        return self.draws(gen).categorical(target_probs(logits, s)[0])
 
     def _ask(self, row: TreeRow) -> Ask | None:
         """What the row asks of the drafter this step; None: no draft."""
@@ -253,7 +256,14 @@ class TreeEngine:
             except Exception as exc:
                 raise EngineFailure(f"tree engine draft failed: {exc!r}") from exc
             trees = {a.slot: t for a, t in zip(asks, drafted, strict=True)}
-        return [trees[r.slot] if r.slot in trees else DraftTree([r.root], [-1]) for r in self.rows]
+        out = [trees[r.slot] if r.slot in trees else DraftTree([r.root], [-1]) for r in self.rows]
+        for r, t in zip(self.rows, out, strict=True):  # a wrong root: tokens plain never gives
+            if t.tokens[0] != r.root:
+                raise EngineFailure(
+                    f"slot {r.slot}: the drafter's tree is rooted at token {t.tokens[0]}, "
+                    f"the row's root is {r.root}"
+                )
+        return out
 
     def _step(self) -> None:
         """One verify forward for every row in flight, then acceptance row by row; its
@@ -282,14 +292,14 @@ class TreeEngine:
         if row.penalty is not None:
             scored = row.penalty.apply(logits, tree, self.stops.eos_ids)
         if self.planted:
-            path = _first_path(tree)
+            path = tree.first_path()
             last = path[-1] if path else 0
             bonus = self._choose(scored[last : last + 1], row.generator, row.req.sampling)
         elif s.temperature == 0:
             path, bonus = accept_greedy(tree, scored)
         else:
             probs = target_probs(scored, s)
-            path, bonus = accept_sampled(tree, probs, TorchDraws(row.generator))
+            path, bonus = accept_sampled(tree, probs, self.draws(row.generator))
         kept = [0, *path]
         self.model.commit(row.slot, kept)
         emitted = [tree.tokens[i] for i in path] + [bonus]
@@ -337,13 +347,3 @@ class TreeEngine:
         if hasattr(self, "model"):
             del self.model
         gc.collect()
-
-
-def _first_path(tree: DraftTree) -> list[int]:
-    """The planted bias's path: first-ranked children from the root down to a leaf."""
-    path: list[int] = []
-    node = 0
-    while tree.children(node):
-        node = tree.children(node)[0]
-        path.append(node)
-    return path

@@ -71,6 +71,15 @@ class DraftTree:
         """Node i's children in rank order."""
         return self._kids[i]
 
+    def first_path(self) -> list[int]:
+        """First-ranked children from the root down to a leaf, root excluded (the planted
+        bias's path, ``engines.planted``)."""
+        path, node = [], 0
+        while self._kids[node]:
+            node = self._kids[node][0]
+            path.append(node)
+        return path
+
     def path_to(self, i: int) -> list[int]:
         """Node indices from the root down to i."""
         path = [i]
