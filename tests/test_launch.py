@@ -14,7 +14,8 @@ from batchspec.cluster.launch import cpu_slices, gpu_slices
 from batchspec.cluster.slurm import SubmitOptions, render_script
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
-from batchspec.observe.status import format_status, run_status
+from batchspec.observe.status import run_status
+from batchspec.observe.status_view import format_status
 from batchspec.work.leases import Leases
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from batchspec.io.layout import OutDir
 from batchspec.observe.report import controller_view, format_k_view
-from batchspec.observe.status import _domains, _k_text
+from batchspec.observe.status_view import _domains, _k_text
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.shared import SharedStats
 from batchspec.speculation.steps import read_step_costs, write_step_costs

@@ -33,7 +33,8 @@ def print_status(
     ``require_complete``: then the verdict (``work.completion``) as one line and the exit
     code (0 complete, 3 units failed, 4 error rows, 5 incomplete)."""
     from batchspec.cluster.slurm import submitted_jobs, task_states
-    from batchspec.observe.status import format_status, run_status, status_json
+    from batchspec.observe.status import run_status
+    from batchspec.observe.status_view import format_status, status_json
 
     st = run_status(out, lease_timeout)
     slurm = [

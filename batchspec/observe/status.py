@@ -2,8 +2,9 @@
 
 Reads committed parts' footers (row counts, each once), leases, failure records, the manifest
 and the workers' progress records (``work.progress``), so it is safe to run from any node
-while workers are running, during the run and after it, and costs no engine. ``status_json``
-is the documented, versioned form for dashboards and cron (README: "status --json").
+while workers are running, during the run and after it, and costs no engine.
+``status_view`` shows it: the documented, versioned JSON form for dashboards and cron
+(docs/operations.md: "status --json"), and the lines ``status`` prints.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from batchspec.io.manifest import read_manifest
 from batchspec.observe.report import ControllerView, controller_view
 from batchspec.work.holders import Holder
 from batchspec.work.leases import LeaseDir, LeaseInfo
-from batchspec.work.progress import RunTotals, acceptance, add_up, read_records
+from batchspec.work.progress import RunTotals, add_up, read_records
 
-STATUS_SCHEMA_VERSION = 1
 WINDOWS_S = (60, 300, 900)
 """Throughput is given over the last 1, 5 and 15 minutes; the ETA uses the 5-minute rate."""
 
@@ -210,130 +210,3 @@ def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
     rate = st.throughput[1]["rows_per_s"]
     st.eta_s = 0.0 if st.complete else st.totals.eta_s(rate if live else None)
     return st
-
-
-def _domains(totals: RunTotals, view: ControllerView | None = None) -> list[dict[str, Any]]:
-    """Per domain: progress, and the K controller's view (K chosen, its predicted tokens/s,
-    replayed tokens per step at every K, the K measured)."""
-    per_domain = view[1] if view is not None else {}
-    rows = []
-    for domain, d in sorted(totals.domains.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
-        rate, length = acceptance(d)
-        rows.append(
-            {
-                "domain": domain,
-                "rows": d["rows"],
-                "error_rows": d["errors"],
-                "output_tokens": d["output_tokens"],
-                "acceptance_rate": rate,
-                "mean_acceptance_length": length,
-                "k_in_use": d["k_in_use"],
-                "k_last": d["k_last"],
-                **_k_fields(per_domain.get(domain)),
-            }
-        )
-    return rows
-
-
-def _k_fields(v: Any) -> dict[str, Any]:
-    """A domain's ``DomainView`` as status fields (nulls and empties without one)."""
-    return {
-        "k_chosen": v.k if v else None,
-        "predicted_tokens_per_s": v.tokens_per_s if v else None,
-        "replayed_tokens_per_step": {str(k): t for k, t in v.replayed.items()} if v else {},
-        "k_measured": list(v.measured) if v else [],
-    }
-
-
-def status_json(st: RunStatus, slurm: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The stable JSON form (``STATUS_SCHEMA_VERSION``; every field is in the README)."""
-    t = st.totals or RunTotals(st.rows_total)
-    return {
-        "schema_version": STATUS_SCHEMA_VERSION,
-        "out_dir": str(st.out_dir),
-        "time": st.time,
-        "state": st.state,
-        "units": {
-            "total": st.units_total,
-            "done": st.units_done,
-            "leased": st.units_leased,
-            "stale": st.units_stale,
-            "pending": st.units_pending,
-            "failed": st.units_failed,
-        },
-        "rows": {
-            "total": st.rows_total,
-            "committed": st.rows_done,
-            "finished_uncommitted": t.rows_open,
-            "error_rows": t.error_rows,
-        },
-        "output_tokens": t.output_tokens,
-        "throughput": st.throughput,
-        "eta_s": st.eta_s,
-        "leases": st.leases,
-        "workers": st.workers,
-        "domains": _domains(t, st.k_view),
-        "slurm": slurm or [],
-    }
-
-
-def engine(k: int | None) -> str:
-    return "no engine yet" if k is None else f"K={k}"
-
-
-def _rate(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def format_status(st: RunStatus) -> str:
-    if not st.started:
-        return f"{st.out_dir}: not started (tuned by batchspec tune; no run has bound it yet)"
-    t = st.totals or RunTotals(st.rows_total)
-    pct = 100.0 * st.rows_done / st.rows_total if st.rows_total else 100.0
-    eta = "-" if st.eta_s is None else f"{st.eta_s / 60:.1f} min"
-    lines = [
-        f"{st.out_dir}: {st.state}",
-        f"units: {st.units_done}/{st.units_total} done, {st.units_leased} leased"
-        f"{f' ({st.units_stale} stale)' if st.units_stale else ''}, {st.units_pending} pending, "
-        f"{st.units_failed} failed",
-        f"rows: {st.rows_done}/{st.rows_total} committed ({pct:.1f}%), {t.error_rows} error rows",
-        "throughput: "
-        + ", ".join(
-            f"last {w['window_s'] // 60} min {_rate(w['output_tokens_per_s'])} tok/s "
-            f"{_rate(w['rows_per_s'], 2)} rows/s"
-            for w in st.throughput
-        )
-        + f"; ETA {eta}",
-    ]
-    for lease in st.leases:
-        age = lease["heartbeat_age_s"]
-        lines.append(
-            f"  lease {lease['unit_id']}: {lease['worker']} (heartbeat {age:.0f} s ago"
-            f"{', stale' if lease['stale'] else ''}), {lease['rows_finished']} rows finished"
-        )
-    for w in st.workers:
-        if w["state"] == "live":
-            lines.append(
-                f"  worker {w['worker']}: live, {engine(w['k'])}, {w['units_open']} units open, "
-                f"{w['rows_committed']} rows committed (updated {w['updated_s_ago']:.0f} s ago)"
-            )
-    for d in _domains(t, st.k_view):
-        k = ",".join(map(str, d["k_in_use"])) or f"{d['k_last']} (last)"
-        lines.append(
-            f"  domain {d['domain'] or '-'}: {d['rows']} rows, {d['error_rows']} errors, "
-            f"acceptance {_rate(d['acceptance_rate'], 2)}, mean length "
-            f"{_rate(d['mean_acceptance_length'], 2)}, K {k}{_k_text(d)}"
-        )
-    return "\n".join(lines)
-
-
-def _k_text(d: dict[str, Any]) -> str:
-    """The K controller's part of a domain's status line."""
-    if d["k_chosen"] is None:
-        return ""
-    replayed = " ".join(
-        f"{k}:{t:.2f}{'*' if int(k) in d['k_measured'] else ''}"
-        for k, t in d["replayed_tokens_per_step"].items()
-    )
-    text = f"; chosen K {d['k_chosen']} at {_rate(d['predicted_tokens_per_s'])} tok/s"
-    return text + (f"; tokens/step replayed (K:t, * measured) {replayed}" if replayed else "")

@@ -45,6 +45,7 @@ def shape(line: str) -> str:
     line = re.sub(r"^  lease \S+: \S+ ", "  lease UNIT: WORKER ", line)
     line = re.sub(r"^  (worker|domain) \S+: ", r"  \1 NAME: ", line)
     line = re.sub(r"ETA -$", "ETA 0 min", line).replace("*", "")  # no ETA while nothing moves
+    line = re.sub(r"\b1 unit\b", "1 units", line)  # singular or plural, one shape
     line = re.sub(r"\d+(\.\d+)?(,\d+)*", "N", line)
     return re.sub(r"(?<= )-(?=[ ;,]|$)", "N", line)  # a rate not known yet
 
