@@ -108,14 +108,21 @@ class Draws(Protocol):
 
 class TorchDraws:
     """``Draws`` from a ``torch.Generator``: one uniform float64 per coin, one per token, made
-    on the generator's device (the model's: a CPU generator cannot draw for CUDA tensors)."""
+    on the generator's device (the model's: a CPU generator cannot draw for CUDA tensors) in
+    blocks of ``block``, brought to the host in one copy a block (a copy per draw waits for
+    the device each time). Keep one per row: a new one starts a new block. On the CPU the
+    blocks are the generator's scalar draws, in order."""
 
-    def __init__(self, generator: torch.Generator) -> None:
-        self.generator = generator
+    def __init__(self, generator: torch.Generator, block: int = 64) -> None:
+        self.generator, self.block = generator, block
+        self._left: list[float] = []
 
     def uniform(self) -> float:
-        g = self.generator
-        return float(torch.rand((), generator=g, dtype=torch.float64, device=g.device))
+        if not self._left:
+            g = self.generator
+            us = torch.rand(self.block, generator=g, dtype=torch.float64, device=g.device)
+            self._left = us.tolist()[::-1]
+        return self._left.pop()
 
     def bernoulli(self, chance: float) -> bool:
         return self.uniform() < chance
@@ -132,6 +139,8 @@ def accept_sampled(
     distribution at each node after temperature, top-k and top-p (the caller's job);
     ``draft_probs`` on the same device. ``step`` is the per-child rule, replaceable so tests
     can show that a broken rule fails the exact check."""
+    if tree.draft_probs is None and step is reject_step:
+        return _accept_one_hot(tree, probs, draws)
     node, accepted = 0, []
     while True:
         p = _target(probs, node)
@@ -150,14 +159,56 @@ def accept_sampled(
             return accepted, draws.categorical(p)
 
 
+def _accept_one_hot(tree: DraftTree, probs: torch.Tensor, draws: Draws) -> tuple[list[int], int]:
+    """``accept_sampled`` for deterministic children (every engine drafter's), by
+    ``reject_step``'s one-hot rule with the target's numbers brought to the host in one copy
+    for the whole tree: every node's mass and every child's p(x) at its parent. Child k is
+    accepted with p(x_k) / (the mass its rejected elder siblings left), a token already
+    rejected with 0; the bonus is drawn from p with the rejected tokens zeroed (``draw``
+    normalises). Per tried child the walk in tensors waited for the device ~4 times."""
+    n, dev = tree.size, probs.device
+    sums = probs.sum(-1)
+    if n > 1:
+        at = torch.tensor([tree.parents[1:], tree.tokens[1:]], dtype=torch.long, device=dev)
+        sums = torch.cat([sums, probs[at[0], at[1]]])
+    got = sums.tolist()
+    masses, px = got[:n], [0.0, *got[n:]]
+    node, accepted = 0, []
+    while True:
+        mass = masses[node]
+        if not mass > 0:
+            raise ValueError(f"target probabilities at node {node} sum to {mass}, not > 0")
+        rejected: list[int] = []
+        for child in tree.children(node):
+            x = tree.tokens[child]
+            p = 0.0 if x in rejected else px[child]
+            if draws.bernoulli(min(1.0, p / mass) if mass > 0 else 0.0):
+                accepted.append(child)
+                break
+            rejected.append(x)
+            mass -= p
+        else:
+            return accepted, draws.categorical(_residual(probs[node], rejected))
+        node = accepted[-1]
+
+
+def _residual(p: torch.Tensor, rejected: list[int]) -> torch.Tensor:
+    """``p`` with the rejected tokens zeroed, on its device; ``p`` itself where nothing is
+    left (every token with mass rejected: a rejection of probability 0 up to rounding)."""
+    if not rejected:
+        return p
+    rest = p.clone()
+    rest[torch.tensor(rejected, dtype=torch.long, device=p.device)] = 0
+    return torch.where(rest.sum() > 0, rest, p)
+
+
 def draw(p: torch.Tensor, u: float) -> int:
     """The token of p (non-negative, not necessarily normalised) at uniform ``u`` in [0, 1),
     by inverting its cumulative sum: torch.multinomial took 1.5 ms on a 49k vocabulary here,
     this ~0.1 ms. A token of probability 0 is never drawn: the first cumulative sum above
     u has mass."""
     cum = torch.cumsum(p, 0, dtype=torch.float64)
-    at_u = torch.tensor([u * float(cum[-1])], dtype=torch.float64, device=cum.device)
-    at = int(torch.searchsorted(cum, at_u, right=True))
+    at = int(torch.searchsorted(cum, cum[-1:] * u, right=True))  # the one wait for the device
     if at >= len(cum):  # u rounded up to the total mass
         at = int((p > 0).nonzero()[-1])
     return at

@@ -89,7 +89,8 @@ class TreeEngine:
         """Rows without a seed of their own draw from this one, in the order they step."""
         self.planted = planted.planted_on()
         self.draws: Callable[[torch.Generator], Draws] = TorchDraws
-        """A row's random draws from its generator (every token it samples: tests walk them)."""
+        """A row's random draws (``accept.Draws``) from its generator, made once per row: every
+        token it samples comes from them (tests walk them)."""
         self.shared_prefills = 0
         """Prompts copied from a row in flight instead of computed (a prompt's n samples)."""
         self.build_s = time.perf_counter() - started
@@ -180,7 +181,7 @@ class TreeEngine:
             max_tokens=min(
                 (req.sampling or self.spec.sampling).max_tokens, self.max_model_len - len(prompt)
             ),
-            generator=gen, queued=time.monotonic(),
+            draws=self.draws(gen), queued=time.monotonic(),
             logprobs=[] if self.logprobs is not None else None, k=self.unit_k(owner.unit),
         )  # fmt: skip
         row.scheduled = time.monotonic()
@@ -192,7 +193,7 @@ class TreeEngine:
         scored = logits.unsqueeze(0)
         if row.penalty is not None:  # penalties, min_tokens: on what the row samples from
             scored = row.penalty.apply(scored, None, self.stops.eos_ids)
-        first = self._choose(scored, gen, req.sampling)
+        first = self._choose(scored, row.draws, req.sampling)
         lps = (
             top_logprobs(logits.unsqueeze(0), [first], self.logprobs)
             if self.logprobs is not None
@@ -231,14 +232,12 @@ class TreeEngine:
         """Whether the drafter keeps this row (rows at K=0 never ask it for a tree)."""
         return self.drafter is not None and row.k > 0
 
-    def _choose(
-        self, logits: torch.Tensor, gen: torch.Generator, row: SamplingSpec | None = None
-    ) -> int:
+    def _choose(self, logits: torch.Tensor, draws: Draws, row: SamplingSpec | None = None) -> int:
         """A token sampled plainly from ``logits`` [1, V] (argmax when greedy)."""
         s = row or self.spec.sampling  # a row's own settings (sampling.columns)
         if s.temperature == 0:
             return int(torch.argmax(logits[0]))
-        return self.draws(gen).categorical(target_probs(logits, s)[0])
+        return draws.categorical(target_probs(logits, s)[0])
 
     def _ask(self, row: TreeRow) -> Ask | None:
         """What the row asks of the drafter this step; None: no draft."""
@@ -294,12 +293,12 @@ class TreeEngine:
         if self.planted:
             path = tree.first_path()
             last = path[-1] if path else 0
-            bonus = self._choose(scored[last : last + 1], row.generator, row.req.sampling)
+            bonus = self._choose(scored[last : last + 1], row.draws, row.req.sampling)
         elif s.temperature == 0:
             path, bonus = accept_greedy(tree, scored)
         else:
             probs = target_probs(scored, s)
-            path, bonus = accept_sampled(tree, probs, self.draws(row.generator))
+            path, bonus = accept_sampled(tree, probs, row.draws)
         kept = [0, *path]
         self.model.commit(row.slot, kept)
         emitted = [tree.tokens[i] for i in path] + [bonus]

@@ -52,6 +52,7 @@ class RowPenalties:
         self.prompt[torch.tensor(prompt, dtype=torch.long, device=device)] = True
         self.counts = torch.zeros(vocab, dtype=torch.float64, device=device)
         self.length = 0
+        self._eos: tuple[tuple[frozenset[int], torch.device], torch.Tensor] | None = None
 
     def extend(self, tokens: list[int]) -> None:
         """Tokens emitted into the row's output."""
@@ -61,32 +62,46 @@ class RowPenalties:
 
     def apply(self, logits: torch.Tensor, tree: DraftTree | None, eos: set[int]) -> torch.Tensor:
         """``logits`` [N, V] of the tree's nodes (or [1, V] of the next token when ``tree`` is
-        None), penalised per node along its own path; a new float64 tensor."""
+        None), penalised per node along its own path; a new float64 tensor. Everything
+        [N, V] is made on the logits' device: from the host come only the paths' (node,
+        token) pairs and the nodes' depths, a few hundred integers (a [N, V] one-hot built on
+        the host was ~11 MB a row and step at 152k tokens)."""
         n, vocab = logits.shape
-        counts = self.counts.expand(n, vocab).clone()
-        depth = torch.zeros(n, dtype=torch.long)
+        dev = logits.device
+        counts = self.counts.to(dev).expand(n, vocab).clone()
+        depth = [0] * n
         if tree is not None and n > 1:
             # Node i's extra output: the draft tokens of its ancestors-or-self below the root.
-            on_path = torch.zeros(n, n, dtype=torch.float64)
+            pairs: list[int] = []
             for i in range(1, n):
                 j = i
                 while j > 0:
-                    on_path[i, j] = 1.0
+                    pairs += (i, tree.tokens[j])
                     j = tree.parents[j]
-                depth[i] = int(on_path[i].sum())
-            onehot = torch.zeros(n, vocab, dtype=torch.float64)
-            onehot[torch.arange(1, n), torch.tensor(tree.tokens[1:], dtype=torch.long)] = 1.0
-            counts += (on_path @ onehot).to(counts.device)
+            depth = tree.depths()
+            at = torch.tensor(pairs, dtype=torch.long, device=dev).view(-1, 2)
+            ones = torch.ones(at.shape[0], dtype=counts.dtype, device=dev)
+            counts.index_put_((at[:, 0], at[:, 1]), ones, accumulate=True)
         out = logits.to(torch.float64).clone()
         s = self.s
         if s.repetition_penalty != 1.0:
-            seen = (counts > 0) | self.prompt
+            seen = (counts > 0) | self.prompt.to(dev)
             scaled = torch.where(out > 0, out / s.repetition_penalty, out * s.repetition_penalty)
             out = torch.where(seen, scaled, out)
         out -= s.frequency_penalty * counts
         out -= s.presence_penalty * (counts > 0).to(out.dtype)
         if s.min_tokens > 0 and eos:
-            short = (self.length + depth.to(out.device)) < s.min_tokens
-            ids = torch.tensor(sorted(eos), dtype=torch.long, device=out.device)
-            out[short.nonzero().flatten().unsqueeze(1), ids] = float("-inf")
+            short = [self.length + d < s.min_tokens for d in depth]
+            if any(short):
+                rows = torch.tensor(short, dtype=torch.bool, device=dev)
+                out.masked_fill_(rows.unsqueeze(1) & self._eos_mask(eos, dev), float("-inf"))
         return out
+
+    def _eos_mask(self, eos: set[int], dev: torch.device) -> torch.Tensor:
+        """Bool [V]: the end-of-sequence tokens, made once per row on the logits' device."""
+        key = (frozenset(eos), dev)
+        if self._eos is None or self._eos[0] != key:
+            mask = torch.zeros(self.prompt.shape[0], dtype=torch.bool, device=dev)
+            mask[torch.tensor(sorted(eos), dtype=torch.long, device=dev)] = True
+            self._eos = (key, mask)
+        return self._eos[1]

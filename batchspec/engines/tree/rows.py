@@ -54,7 +54,8 @@ class TreeRow:
     index: int
     slot: int
     max_tokens: int
-    generator: torch.Generator | None
+    draws: Any
+    """Its random draws (``accept.Draws``): every token it samples, one source per row."""
     queued: float
     scheduled: float = 0.0
     first_token: float = 0.0
