@@ -73,7 +73,12 @@ def mixed_input(path: Path) -> pa.Table:
 def ngram_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     source = mixed_input(tmp / "in.parquet")
-    job = job_dict(tmp / "out", input={"path": str(tmp / "in.parquet")})
+    # Two domains at a K of their own: the one engine switches K in flight (vllm_live_k).
+    job = job_dict(
+        tmp / "out",
+        input={"path": str(tmp / "in.parquet")},
+        speculative={"per_domain": {"translation": 0, "math": 5}},
+    )
     path = write_job(tmp / "job.yaml", job)
     result = run_cli("run", str(path), "--no-progress", env=IN_PROCESS_ENGINE)
     # Every unit committed, some rows error rows: exit 4 (work.completion.Exit.ROWS_FAILED).
@@ -112,23 +117,29 @@ def test_bad_rows_become_error_rows(ngram_run) -> None:
 
 
 def test_acceptance_invariants(ngram_run) -> None:
+    """Every row's counts are those of the K it ran at, in the one engine built at the grid's
+    top K (8): translation's rows plain decoding (no drafts), math's at 5, the rest at the
+    job's K=3 or where the controller took them (K=0 included: rows with no drafts)."""
     good = ngram_run[2].filter(pl.col("error").is_null())
-    # The controller may take a domain off speculation once K is priced (the first engine
-    # runs at the job's K=3): such rows are plain decoding, with no drafts.
     assert set(good["spec_method"]) <= {"ngram", "none"}
     plain = good.filter(pl.col("spec_method") == "none")
     assert set(plain["num_speculative_tokens"]) <= {0} and plain["num_draft_tokens"].sum() == 0
+    assert set(good.filter(pl.col("domain") == "translation")["spec_method"]) == {"none"}
+    assert set(good.filter(pl.col("domain") == "math")["num_speculative_tokens"]) == {5}
     spec_rows = good.filter(pl.col("spec_method") == "ngram")
-    assert spec_rows.height > 0 and set(spec_rows["num_speculative_tokens"]) == {3}
+    assert 5 in set(spec_rows["num_speculative_tokens"]) and 0 not in set(
+        spec_rows["num_speculative_tokens"]
+    )
     assert spec_rows["num_draft_tokens"].sum() > 0
     for r in spec_rows.iter_rows(named=True):
+        k = r["num_speculative_tokens"]
         assert 0 <= r["num_accepted_tokens"] <= r["num_draft_tokens"]
         assert sum(r["acceptance_histogram"]) == r["num_spec_steps"]
-        assert len(r["acceptance_histogram"]) == 4
+        assert len(r["acceptance_histogram"]) == k + 1
         assert (
             sum(j * c for j, c in enumerate(r["acceptance_histogram"])) == r["num_accepted_tokens"]
         )
-        assert r["num_draft_tokens"] <= 3 * r["num_spec_steps"]
+        assert r["num_draft_tokens"] <= k * r["num_spec_steps"]
         if r["num_draft_tokens"]:
             assert r["acceptance_rate"] == pytest.approx(
                 r["num_accepted_tokens"] / r["num_draft_tokens"]
@@ -141,9 +152,20 @@ def test_acceptance_invariants(ngram_run) -> None:
 
 
 def test_replay_equals_vllms_own_counts(ngram_run) -> None:
-    """Every row replayed at every K of the grid; at K=3, the K that ran, the replay of
-    vLLM's n-gram proposer equals vLLM's own accepted count on every comparable row."""
+    """Every row replayed at every K of the grid; at the K that ran, the replay of vLLM's
+    n-gram proposer equals vLLM's own accepted count on every comparable row: a row's K
+    column is the K each of its steps ran at, in an engine that changed K between them."""
     assert_replay_exact(ngram_run[0].parent / "out", [0, 1, 2, 3, 5, 8])
+
+
+def test_k_switches_inside_one_engine(ngram_run) -> None:
+    """One engine start for units at three K or more (K=0 among them): vLLM told each K in
+    flight (``vllm_live_k``), the batch drained at each switch, never rebuilt."""
+    out = ngram_run[0].parent / "out"
+    (log,) = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
+    assert log["engine_builds"] == 1, log["engines"]
+    ran = [e["num_speculative_tokens"] for e in log["engines"]]
+    assert {0, 5} <= set(ran) and len(set(ran)) >= 3, log["engines"]
 
 
 def test_timing_invariants(ngram_run) -> None:

@@ -87,5 +87,18 @@ class Engine(Protocol):
         nothing (a worker whose new engine's start failed still holds the closed one)."""
 
 
+def switch_k(engine: Engine, k: int) -> bool:
+    """Have ``engine`` run at K = ``k`` from now on without a rebuild, where it can (vLLM built
+    at a top K, ``vllm_live_k``: ``switch_k``); False where K is fixed per engine."""
+    switch = getattr(engine, "switch_k", None)
+    return bool(switch is not None and switch(k))
+
+
+def switch_cost_s(engine: Engine) -> float | None:
+    """What moving to another K costs with ``engine`` up: its ``switch_cost_s`` where it can
+    switch (a drain of the batch), else another start (``build_s``); None: not known yet."""
+    return getattr(engine, "switch_cost_s", engine.build_s)
+
+
 class EngineFailure(RuntimeError):
     """The engine died or failed a step; the units in flight must be retried elsewhere."""

@@ -31,12 +31,26 @@ def on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
-def speculative_config(spec: JobSpec, k: int) -> dict[str, Any] | None:
-    """vLLM's ``speculative_config`` for K drafts, or None for plain decoding."""
+def live_top_k(spec: JobSpec) -> int | None:
+    """The K an adaptive job's vLLM engines are built with, to run any K up to it without a
+    rebuild (``vllm_live_k``): the largest K the controller may choose. None where K is not
+    chosen (a fixed K gets exactly the engine it asked for) or vLLM's own schedule is set."""
     s = spec.speculative
-    if s.method == "none" or k == 0:
+    if not s.adaptive or s.method == "none" or s.k_by_batch_size is not None:
         return None
-    cfg: dict[str, Any] = {"method": s.method, "num_speculative_tokens": k}
+    top = max([*s.k_grid, s.num_speculative_tokens, *s.per_domain.values()])
+    return top if top > 0 else None
+
+
+def speculative_config(spec: JobSpec, k: int) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for K drafts, or None for plain decoding. An adaptive
+    job's engine is built at ``live_top_k`` with every batch size at K (K=0 included), which
+    ``vllm_live_k`` changes while it runs."""
+    s = spec.speculative
+    top = live_top_k(spec)
+    if s.method == "none" or (k == 0 and top is None):
+        return None
+    cfg: dict[str, Any] = {"method": s.method, "num_speculative_tokens": top or k}
     if s.model:
         cfg["model"] = str(
             resolve_model(s.model, "speculative.model", spec.resolve("."), auto_prepare=True)
@@ -49,6 +63,8 @@ def speculative_config(spec: JobSpec, k: int) -> dict[str, Any] | None:
         cfg["draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
     if s.k_by_batch_size is not None:
         cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in s.k_by_batch_size]
+    elif top is not None:
+        cfg["num_speculative_tokens_per_batch_size"] = [[1, spec.model.max_num_seqs, min(k, top)]]
     cfg.update(s.extra)
     return cfg
 
@@ -77,7 +93,7 @@ def engine_kwargs(spec: JobSpec, k: int) -> dict[str, Any]:
         kwargs["gpu_memory_utilization"] = m.gpu_memory_utilization
     elif on_cpu():
         dirs = [Path(kwargs["model"])] + ([Path(cfg["model"])] if cfg and "model" in cfg else [])
-        kv_bytes = cpu_kv_cache_bytes(spec, dirs, k)
+        kv_bytes = cpu_kv_cache_bytes(spec, dirs, cfg["num_speculative_tokens"] if cfg else 0)
         if kv_bytes is None:
             kwargs["gpu_memory_utilization"] = CPU_MEMORY_FRACTION
         else:

@@ -15,7 +15,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -31,11 +30,13 @@ from batchspec.engines.procs import (
     spawned_children_bound,
     stop_signals_blocked,
 )
-from batchspec.engines.vllm_args import engine_kwargs, sampling_params, speculative_config
+from batchspec.engines.vllm_args import engine_kwargs, live_top_k, sampling_params
+from batchspec.engines.vllm_batch import Batch
+from batchspec.engines.vllm_live_k import set_k
 from batchspec.engines.vllm_step_feed import job_step_costs, watch_steps
 from batchspec.spec import JobSpec
 from batchspec.spec_tree import VLLM, EngineName
-from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult
+from batchspec.units import RowRequest, UnitResult
 
 CLOSE_S = 60.0
 """Seconds vLLM waits for the engine's processes to exit before it kills them: a clean exit
@@ -54,99 +55,13 @@ during a start ends the start (``procs.abort_start``): with vLLM's period, 12.5 
 start under load, most of it asleep in that wait."""
 
 
-def _row_result(req: RowRequest, out: Any) -> RowResult:
-    comp = out.outputs[0]
-    sdm = getattr(comp, "spec_decode_metrics", None)
-    m = out.metrics
-    timing = None
-    if m is not None and getattr(m, "queued_ts", 0):
-        timing = {
-            "queued": m.queued_ts,
-            "scheduled": m.scheduled_ts,
-            "first_token": m.first_token_ts,
-            "last_token": m.last_token_ts,
-        }
-    return RowResult(
-        request=req,
-        text=comp.text,
-        num_prompt_tokens=len(out.prompt_token_ids or req.prompt_token_ids or []),
-        num_output_tokens=len(comp.token_ids),
-        finish_reason=str(comp.finish_reason) if comp.finish_reason is not None else None,
-        spec=SpecStats.from_vllm(sdm.to_dict()) if sdm is not None else None,
-        timing=timing,
-        token_ids=list(comp.token_ids),
-        top_logprobs=_top_logprobs(comp.logprobs),
-        prompt_logprobs=_top_logprobs(out.prompt_logprobs),
-    )
-
-
-def _top_logprobs(logprobs: Any) -> list[dict[int, float]] | None:
-    """vLLM's per-position ``{token: Logprob}`` as plain ``{token: logprob}`` (None unasked;
-    a prompt's first position, which has none, as an empty mapping)."""
-    if logprobs is None:
-        return None
-    return [{t: lp.logprob for t, lp in (pos or {}).items()} for pos in logprobs]
-
-
-@dataclass
-class _Pending:
-    unit: UnitRequests
-    results: list[RowResult | None]
-    left: int = 0
-
-
-class _Batch:
-    """The requests one ``run`` has in flight: which unit and row each one belongs to."""
-
-    def __init__(self, engine: VllmEngine):
-        self.engine = engine
-        self.inflight: dict[str, tuple[_Pending, int]] = {}
-        self.open: list[_Pending] = []
-
-    def add(self, unit: UnitRequests) -> None:
-        """Submit a unit's rows; rows that failed before (or at) submission are done at once."""
-        pending = _Pending(unit, [None] * len(unit.rows))
-        self.open.append(pending)
-        for i, req in enumerate(unit.rows):
-            if req.error is not None:
-                pending.results[i] = RowResult(req, error=req.error)
-                continue
-            request_id = str(self.engine.next_request_id())
-            try:
-                self.engine.submit(request_id, req)
-            except Exception as exc:  # the engine's own validation rejected this row
-                if not self.engine.alive():
-                    raise EngineFailure(f"engine died: {exc}") from exc
-                pending.results[i] = RowResult(req, error=f"rejected by engine: {exc}")
-                continue
-            self.inflight[request_id] = (pending, i)
-            pending.left += 1
-
-    def collect(self, outputs: list[Any]) -> None:
-        for out in outputs:
-            if not out.finished:
-                continue
-            pending, index = self.inflight.pop(out.request_id)
-            row = pending.results[index] = _row_result(pending.unit.rows[index], out)
-            pending.left -= 1
-            pending.unit.finished += 1
-            pending.unit.finished_tokens += row.num_output_tokens or 0
-
-    def finished(self) -> Iterator[UnitResult]:
-        """Any unit whose rows are all back, in whatever order they finish: committing early
-        is what bounds the work lost to a crash."""
-        done = [p for p in self.open if p.left == 0]
-        for p in done:
-            self.open.remove(p)
-            e = self.engine
-            yield UnitResult(p.unit, list(p.results), e.k, e.method, e.name)
-
-
 class VllmEngine:
-    """A ``vllm.LLM`` for one (method, K), with a continuous feeding loop (``base.Engine``).
+    """A ``vllm.LLM`` for one method, with a continuous feeding loop (``base.Engine``).
 
-    vLLM fixes K when the engine is built, so a different K means another engine; the
-    scheduler keeps an engine while the plan gives it units, to build as few as possible.
+    vLLM fixes K when the engine is built. An adaptive job's engine is built at the largest K
+    the controller may choose and told each K it runs at (``switch_k``, ``vllm_live_k``): a
+    switch costs the drain of the batch, not a new engine. Elsewhere a different K means
+    another engine; either way the scheduler keeps a K while the plan gives it units.
     """
 
     name: EngineName = VLLM
@@ -161,7 +76,9 @@ class VllmEngine:
 
         self.spec = spec
         self.k = k
-        self.method = "none" if speculative_config(spec, k) is None else spec.speculative.method
+        self.top_k = live_top_k(spec)
+        """The largest K this engine can switch to (``switch_k``); None: only its own."""
+        self.method = self._method(k)
         maybe_plant_bias()
         started = time.perf_counter()
         os.environ[ENGINE_ENV] = str(os.getpid())  # its processes die with this one (procs)
@@ -172,9 +89,12 @@ class VllmEngine:
         self.engine = self.llm.llm_engine
         # Its details of every step would be a log line each (vLLM's default logger).
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
+        if self.top_k is not None and set_k(self.engine.engine_core, k) < 0:
+            self.close()
+            raise EngineFailure("vLLM ignored the K schedule (data parallelism disables it)")
         self.step_profile = job_step_costs(spec)
         """Step costs fitted from this engine's steps (and the process's earlier engines')."""
-        watch_steps(self.engine.engine_core, self.step_profile, k)
+        watch_steps(self.engine.engine_core, self.step_profile, lambda: self.k)
         self.procs = new_children(before)
         """The engine's processes (none when vLLM runs in this process)."""
         self.stall_s = spec.execution.engine_stall_s
@@ -192,25 +112,64 @@ class VllmEngine:
         self._steps = 0
         self.logprobs = logprobs
         self._params = sampling_params(spec, logprobs=logprobs)
+        self.drain_loss_s: float | None = None
+        """The batch's lost seconds in the last drain (``switch_cost_s``)."""
+        self._row_s = [0, 0.0]
+        """Rows finished and their summed seconds from submission to finish."""
+
+    def _method(self, k: int) -> str:
+        """The method recorded for rows decoded at K = ``k``."""
+        return "none" if k == 0 else self.spec.speculative.method
+
+    def switch_k(self, k: int) -> bool:
+        """Run at K = ``k`` from the next row on, in this engine (``base.Engine.switch_k``).
+        Called between runs, the batch drained: every row runs at one K."""
+        if self.top_k is None or not 0 <= k <= self.top_k or not self.alive():
+            return False
+        self.k = set_k(self.engine.engine_core, k)
+        self.method = self._method(self.k)
+        return self.k == k
+
+    @property
+    def switch_cost_s(self) -> float | None:
+        """What a switch of K costs this engine: ``build_s`` without ``switch_k``; with it, the
+        seconds of a full batch lost while the batch drains (measured at the last drain: each
+        step's period times the share of the batch's slots empty; before one, half a row's
+        mean time, which is that loss when rows finish evenly over their lifetime)."""
+        if self.top_k is None:
+            return self.build_s
+        if self.drain_loss_s is not None:
+            return self.drain_loss_s
+        n, total = self._row_s
+        return total / n / 2 if n else None
 
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
         """``base.Engine.run``: units are pulled whenever fewer than ``low_water`` requests
         are unfinished."""
-        batch = _Batch(self)
+        batch = Batch(self)
+        drain: float | None = None
+        """While the source has nothing to feed: the batch's seconds lost so far."""
         try:
             while not should_abort():
                 while self.engine.get_num_unfinished_requests() < self.low_water:
                     unit = source.next_unit()
                     if unit is None:
+                        drain = drain or 0.0
                         break
+                    drain = None
                     batch.add(unit)
                 yield from batch.finished()
                 if not batch.inflight:
                     if source.exhausted():
+                        self.drain_loss_s = drain if drain is not None else self.drain_loss_s
                         return
                     source.wait()
                     continue
+                empty = 1 - len(batch.inflight) / self.low_water
+                started = time.monotonic()
                 batch.collect(self._step())
+                if drain is not None:
+                    drain += empty * (time.monotonic() - started)
         finally:
             # Stopped early (abort, failure, consumer gone): drop what is still running.
             if batch.inflight and self.alive():

@@ -61,13 +61,16 @@ def rebind_without_lazy_namespaces(rebind: Callable[[Any], None]) -> Callable[[A
 
 def register() -> None:
     """vLLM plugin hook: in a worker's engine processes, die with the worker and close on its
-    request; on the CPU platform, route the rejection sampler's expansion through
-    :func:`expand_batch_to_tokens` (GPU builds keep their Triton kernel)."""
+    request, and take K changes (``vllm_live_k``); on the CPU platform, route the rejection
+    sampler's expansion through :func:`expand_batch_to_tokens` (GPU builds keep their Triton
+    kernel)."""
     from vllm.platforms import current_platform
 
     from batchspec.engines.procs import arm_engine_process
+    from batchspec.engines.vllm_live_k import install
 
     arm_engine_process()
+    install()
     if not current_platform.is_cpu():
         return
     from vllm.v1.sample import rejection_sampler

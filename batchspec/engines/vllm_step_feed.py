@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ def job_step_costs(spec: JobSpec) -> StepCosts:
     import torch
 
     from batchspec.engines.tree.profile import cache_root, machine
-    from batchspec.engines.vllm_args import engine_kwargs
+    from batchspec.engines.vllm_args import engine_kwargs, live_top_k
 
     kwargs = engine_kwargs(spec, 1)
     draft = (kwargs.get("speculative_config") or {}).get("model", "")
@@ -35,15 +36,18 @@ def job_step_costs(spec: JobSpec) -> StepCosts:
         f"eager={kwargs['enforce_eager']}",
         # An engine in the worker's process has the worker's own work in each period.
         f"mp={os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING', '1')}",
+        # Built at the top K, run at any (vllm_live_k): K=0 still runs the proposer.
+        f"live={live_top_k(spec)}",
         f"threads={torch.get_num_threads()}",
     ]
     return step_costs_for(parts, cache_root())
 
 
-def watch_steps(core: Any, costs: StepCosts, k: int) -> None:
+def watch_steps(core: Any, costs: StepCosts, k: Callable[[], int]) -> None:
     """Feed every step an engine core reports to ``costs``: its period on the core's clock
-    (``EngineCoreOutputs.timestamp``) and what it scheduled (``iteration_details``). Wraps the
-    client's ``get_output``, through which every step's outputs pass, in either process."""
+    (``EngineCoreOutputs.timestamp``), what it scheduled (``iteration_details``) and the K it
+    ran at (``k()``: the engine's, which may change while it runs). Wraps the client's
+    ``get_output``, through which every step's outputs pass, in either process."""
     inner = core.get_output
     last: list[float] = []
 
@@ -57,7 +61,7 @@ def watch_steps(core: Any, costs: StepCosts, k: int) -> None:
             if last:
                 period = outputs.timestamp - last[0]
                 rows, tokens = d.num_generation_requests, d.num_generation_tokens
-                costs.record(period, k, rows, tokens, d.num_ctx_tokens)
+                costs.record(period, k(), rows, tokens, d.num_ctx_tokens)
             last[:] = [outputs.timestamp]
         except Exception as exc:  # a measurement never fails a step: no more of them
             core.get_output = inner

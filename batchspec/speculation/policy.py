@@ -70,7 +70,7 @@ class KPolicy:
         self._taken: dict[Domain, tuple[int, int]] = {}
         """Per domain: units taken, and how many of them ran away from their planned K."""
         self.build_s: float | None = None
-        """Seconds to start an engine, as last measured: what a switch of K costs."""
+        """Seconds a switch of K costs, as last measured (``measured_start``)."""
         self._read_at = -math.inf
         self.engine = s.engine
         self.replays = s.method == "ngram"
@@ -104,8 +104,10 @@ class KPolicy:
             if ob.engine in (None, self.engine):  # another engine has other step costs
                 self.ctl.add(ob)
 
-    def measured_start(self, seconds: float) -> None:
-        """An engine just started in this many seconds: what the next switch of K costs."""
+    def measured_start(self, seconds: float | None) -> None:
+        """What the next switch of K costs, as last measured: an engine's start, or, where the
+        engine up switches K itself (``engines.base.switch_k``), the drain of its batch (None
+        until a row finished: every domain then gets its own best K)."""
         self.build_s = seconds
 
     def engine_up(self, engine: Engine) -> None:
