@@ -80,7 +80,9 @@ def ngram_run(tmp_path_factory):
         speculative={"per_domain": {"translation": 0, "math": 5}},
     )
     path = write_job(tmp / "job.yaml", job)
-    result = run_cli("run", str(path), "--no-progress", env=IN_PROCESS_ENGINE)
+    # The step costs fitted from this run's steps alone (no prior from the machine's cache).
+    env = {**IN_PROCESS_ENGINE, "BATCHSPEC_CACHE": str(tmp / "cache")}
+    result = run_cli("run", str(path), "--no-progress", env=env)
     # Every unit committed, some rows error rows: exit 4 (work.completion.Exit.ROWS_FAILED).
     assert result.returncode == 4, result.stderr[-3000:]
     return path, source, pl.read_parquet(tmp / "out" / "parts" / "*.parquet"), result
@@ -158,14 +160,15 @@ def test_replay_equals_vllms_own_counts(ngram_run) -> None:
     assert_replay_exact(ngram_run[0].parent / "out", [0, 1, 2, 3, 5, 8])
 
 
-def test_k_switches_inside_one_engine(ngram_run) -> None:
-    """One engine start for units at three K or more (K=0 among them): vLLM told each K in
-    flight (``vllm_live_k``), the batch drained at each switch, never rebuilt."""
+def test_units_at_several_k_share_one_engine(ngram_run) -> None:
+    """One engine start for units at three K or more (K=0 among them): each row asked vLLM
+    for its unit's K (``vllm_live_k``), rows at different K in one batch, nothing rebuilt."""
     out = ngram_run[0].parent / "out"
     (log,) = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
     assert log["engine_builds"] == 1, log["engines"]
-    ran = [e["num_speculative_tokens"] for e in log["engines"]]
-    assert {0, 5} <= set(ran) and len(set(ran)) >= 3, log["engines"]
+    good = ngram_run[2].filter(pl.col("error").is_null())
+    ks = set(good["num_speculative_tokens"])
+    assert {0, 5} <= ks and len(ks) >= 3, ks
 
 
 def test_timing_invariants(ngram_run) -> None:

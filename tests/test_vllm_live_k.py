@@ -1,7 +1,8 @@
-"""K changed in a running vLLM engine (``engines.vllm_live_k``): the engine an adaptive job
-builds, the table its scheduler reads K from, and what a switch is priced at. The proof that a
-real engine runs each K it is told is end to end: ``test_e2e.py::test_k_switches_inside_one_engine``
-and the replay check there (replay at the row's K equals vLLM's own count on every row)."""
+"""K per request in one vLLM engine (``engines.vllm_live_k``): the engine an adaptive job
+builds, the K each step drafts at, and the drafts each request keeps. The proof that a
+real engine runs each row at its K is end to end: ``test_e2e.py``'s run has units at several K
+in one engine, and its replay check (replay at the row's K equals vLLM's own count) fails if a
+row verified any other number of drafts."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from conftest import job_dict, write_job
+from vllm import SamplingParams
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
 from batchspec.engines.vllm_args import live_top_k, speculative_config
 from batchspec.engines.vllm_batch import _at_k
-from batchspec.engines.vllm_engine import VllmEngine
-from batchspec.engines.vllm_live_k import METHOD, _set_k, install, set_k
+from batchspec.engines.vllm_live_k import (
+    KEY,
+    METHOD,
+    _per_request_k,
+    _set_k,
+    _trimmed,
+    _trimmed_placeholders,
+    install,
+    set_k,
+)
 from batchspec.spec_file import load_spec
 
 
@@ -54,21 +64,74 @@ def test_a_fixed_k_or_vllms_own_schedule_gets_exactly_the_engine_asked_for(
     assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 8, 0]]
 
 
-def test_set_k_replaces_the_schedulers_table_capped_at_the_engines_k() -> None:
-    """The utility vLLM's engine core runs: every batch size at the new K, never above the K
-    the engine was built with; -1 where the engine has no table (no schedule, or data
-    parallelism, which disables it)."""
-    lookup = build_dynamic_sd_schedule_lookup([[1, 8, 3]], 8, 8)
-    core = SimpleNamespace(scheduler=SimpleNamespace(dynamic_sd_lookup=lookup, num_spec_tokens=8))
+def request(k: int | None, drafts: list[int] | None = None) -> SimpleNamespace:
+    """A request as vLLM's scheduler holds it: its sampling parameters, its drafts."""
+    extra = None if k is None else {KEY: k}
+    params = SamplingParams(max_tokens=4, extra_args=extra)
+    return SimpleNamespace(sampling_params=params, spec_token_ids=list(drafts or []))
+
+
+def scheduler(requests: dict[str, SimpleNamespace], top: int = 8) -> SimpleNamespace:
+    lookup = build_dynamic_sd_schedule_lookup([[1, 8, 3]], 8, top)
+    return SimpleNamespace(dynamic_sd_lookup=lookup, num_spec_tokens=top, requests=requests)
+
+
+def test_set_k_is_the_k_of_requests_without_one_capped_at_the_engines() -> None:
+    """The utility vLLM's engine core runs; -1 where the engine has no per-step K (no
+    schedule, or data parallelism, which disables it)."""
+    core = SimpleNamespace(scheduler=scheduler({}))
     assert set_k(SimpleNamespace(engine_core=core), 5) == 5  # in this process
-    assert core.scheduler.dynamic_sd_lookup == [5] * 9
-    assert _set_k(core, 0) == 0 and core.scheduler.dynamic_sd_lookup == [0] * 9
-    assert _set_k(core, 12) == 8 and core.scheduler.dynamic_sd_lookup == [8] * 9
+    assert core.scheduler.batchspec_k == 5
+    assert _set_k(core, 12) == 8
     none = SimpleNamespace(scheduler=SimpleNamespace(dynamic_sd_lookup=None, num_spec_tokens=8))
     assert _set_k(none, 2) == -1
     calls = []
     remote = SimpleNamespace(call_utility=lambda name, k: calls.append((name, k)) or k)
     assert set_k(remote, 4) == 4 and calls == [(METHOD, 4)]  # in the engine core's process
+
+
+def test_each_step_drafts_the_largest_k_a_request_in_the_engine_asked_for() -> None:
+    seen = []
+    sched = scheduler({"a": request(2), "b": request(5), "c": request(None)})
+    sched.batchspec_k = 3
+    step = _per_request_k(lambda self: seen.append(list(self.dynamic_sd_lookup)))
+    step(sched)
+    assert seen[-1] == [5] * 9
+    sched.requests = {"a": request(0), "c": request(None)}  # c at the engine's K
+    step(sched)
+    assert seen[-1] == [3] * 9
+    sched.requests = {"a": request(0)}
+    step(sched)
+    assert seen[-1] == [0] * 9  # nobody speculates: the proposer drafts nothing
+    sched.requests = {"a": request(12)}
+    step(sched)
+    assert seen[-1] == [8] * 9  # never above the engine's K
+
+
+def test_each_request_keeps_only_its_own_k_drafts() -> None:
+    """Drafts of the step's K come back for every request; each keeps its first K (a chain's
+    first K drafts are a K-draft chain), with synchronous and asynchronous scheduling."""
+    reqs = {"a": request(2), "b": request(0), "c": request(None), "d": request(6)}
+    sched = scheduler(reqs)
+    sched.batchspec_k = 3
+
+    def propose(self, out):
+        for r in self.requests.values():
+            r.spec_token_ids = [11, 12, 13, 14, 15, 16]
+
+    _trimmed(propose)(sched, SimpleNamespace(req_ids=list(reqs)))
+    assert [r.spec_token_ids for r in reqs.values()] == [
+        [11, 12],
+        [],
+        [11, 12, 13],
+        [11, 12, 13, 14, 15, 16],
+    ]
+    placeholders = _trimmed_placeholders(propose)
+    placeholders(sched, SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 1, "d": 1}))
+    assert [len(reqs[i].spec_token_ids) for i in "abcd"] == [2, 0, 6, 6]  # c not scheduled
+    plain = scheduler(reqs)  # no engine K set: an engine that is not batchspec's, untouched
+    _trimmed(propose)(plain, SimpleNamespace(req_ids=list(reqs)))
+    assert all(len(r.spec_token_ids) == 6 for r in reqs.values())
 
 
 def test_the_plugin_gives_vllms_engine_core_the_utility() -> None:
@@ -84,16 +147,3 @@ def test_the_histogram_is_cut_to_the_k_that_ran() -> None:
     assert _at_k(metrics, 8) == metrics
     odd = {"acceptance_histogram": [1, 0, 0, 0, 0, 2]}  # a count past K: left as vLLM gave it
     assert _at_k(odd, 3) == odd
-
-
-def test_a_switch_costs_a_drain_where_the_engine_switches_and_a_start_elsewhere() -> None:
-    engine = VllmEngine.__new__(VllmEngine)
-    engine.build_s, engine.drain_loss_s, engine._row_s = 40.0, None, [0, 0.0]
-    engine.top_k = None
-    assert engine.switch_cost_s == 40.0
-    engine.top_k = 8
-    assert engine.switch_cost_s is None  # nothing known yet: each domain at its own best K
-    engine._row_s = [4, 36.0]
-    assert engine.switch_cost_s == 4.5  # half a row's mean lifetime
-    engine.drain_loss_s = 2.5
-    assert engine.switch_cost_s == 2.5

@@ -61,7 +61,8 @@ class Engine(Protocol):
     """Speculative tokens per step it was built with; 0 = no speculation."""
     k_per_unit: bool
     """True when it decodes each unit at ``UnitRequests.k`` (rows of units at different K in
-    one batch, no rebuild: the tree engine); False when K is fixed per engine (vLLM)."""
+    one batch, no rebuild: the tree engine, and vLLM for an adaptive job, ``vllm_live_k``);
+    False when K is fixed per engine (vLLM at a fixed K or on its own schedule)."""
     step_profile: StepProfile | None
     """Measured seconds per step by batch size and draft nodes (``tree.profile``): the K
     controller's cost side. None where no profile is kept (vLLM, whose K is fixed per engine)."""
@@ -85,19 +86,6 @@ class Engine(Protocol):
     def close(self) -> None:
         """Stop the engine and free its memory before another one starts. A second call does
         nothing (a worker whose new engine's start failed still holds the closed one)."""
-
-
-def switch_k(engine: Engine, k: int) -> bool:
-    """Have ``engine`` run at K = ``k`` from now on without a rebuild, where it can (vLLM built
-    at a top K, ``vllm_live_k``: ``switch_k``); False where K is fixed per engine."""
-    switch = getattr(engine, "switch_k", None)
-    return bool(switch is not None and switch(k))
-
-
-def switch_cost_s(engine: Engine) -> float | None:
-    """What moving to another K costs with ``engine`` up: its ``switch_cost_s`` where it can
-    switch (a drain of the batch), else another start (``build_s``); None: not known yet."""
-    return getattr(engine, "switch_cost_s", engine.build_s)
 
 
 class EngineFailure(RuntimeError):

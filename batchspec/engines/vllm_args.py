@@ -112,10 +112,12 @@ def sampling_params(
     seed: int | None = None,
     logprobs: int | None = None,
     row: SamplingSpec | None = None,
+    extra_args: dict[str, Any] | None = None,
 ) -> Any:
     """The job's ``SamplingParams`` (``row``: a row's own settings, ``sampling.columns``);
     ``logprobs``: the target's top log-probabilities at every generated position, at least
-    as many as the job writes (``batchspec verify`` reads near-ties from them)."""
+    as many as the job writes (``batchspec verify`` reads near-ties from them); ``extra_args``
+    reach vLLM's engine core with the request (a row's K, ``vllm_live_k``)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -136,6 +138,7 @@ def sampling_params(
         prompt_logprobs=s.prompt_logprobs,
         structured_outputs=StructuredOutputsParams(**structured) if structured else None,
         output_kind=RequestOutputKind.FINAL_ONLY,
+        extra_args=extra_args,
     )
 
 

@@ -7,7 +7,6 @@ read.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -66,22 +65,31 @@ def _top_logprobs(logprobs: Any) -> list[dict[int, float]] | None:
 class _Pending:
     unit: UnitRequests
     results: list[RowResult | None]
+    k: int
+    """The K its rows decode at."""
     left: int = 0
 
 
 class Batch:
-    """The requests one ``run`` has in flight: which unit and row each one belongs to."""
+    """The requests one ``run`` has in flight: which unit and row each one belongs to, and
+    the K each asked for."""
 
     def __init__(self, engine: Any):
         self.engine = engine
         self.inflight: dict[str, tuple[_Pending, int]] = {}
-        self.submitted: dict[str, float] = {}
-        """When each request in flight was handed to vLLM (rows' lifetimes: a drain's cost)."""
         self.open: list[_Pending] = []
+        self.by_k: dict[int, int] = {}
+        """Requests in flight per K."""
+
+    def step_k(self) -> int:
+        """The K of the engine's next step (``vllm_live_k``): the largest any request in
+        flight asked for, else the engine's."""
+        ks = [k for k, n in self.by_k.items() if n > 0]
+        return max(ks) if ks else self.engine.k
 
     def add(self, unit: UnitRequests) -> None:
         """Submit a unit's rows; rows that failed before (or at) submission are done at once."""
-        pending = _Pending(unit, [None] * len(unit.rows))
+        pending = _Pending(unit, [None] * len(unit.rows), self.engine.unit_k(unit))
         self.open.append(pending)
         for i, req in enumerate(unit.rows):
             if req.error is not None:
@@ -89,14 +97,14 @@ class Batch:
                 continue
             request_id = str(self.engine.next_request_id())
             try:
-                self.engine.submit(request_id, req)
+                self.engine.submit(request_id, req, pending.k)
             except Exception as exc:  # the engine's own validation rejected this row
                 if not self.engine.alive():
                     raise EngineFailure(f"engine died: {exc}") from exc
                 pending.results[i] = RowResult(req, error=f"rejected by engine: {exc}")
                 continue
             self.inflight[request_id] = (pending, i)
-            self.submitted[request_id] = time.monotonic()
+            self.by_k[pending.k] = self.by_k.get(pending.k, 0) + 1
             pending.left += 1
 
     def collect(self, outputs: list[Any]) -> None:
@@ -104,10 +112,8 @@ class Batch:
             if not out.finished:
                 continue
             pending, index = self.inflight.pop(out.request_id)
-            lived = self.engine._row_s
-            lived[0] += 1
-            lived[1] += time.monotonic() - self.submitted.pop(out.request_id)
-            row = pending.results[index] = row_result(pending.unit.rows[index], out, self.engine.k)
+            self.by_k[pending.k] -= 1
+            row = pending.results[index] = row_result(pending.unit.rows[index], out, pending.k)
             pending.left -= 1
             pending.unit.finished += 1
             pending.unit.finished_tokens += row.num_output_tokens or 0
@@ -119,4 +125,4 @@ class Batch:
         for p in done:
             self.open.remove(p)
             e = self.engine
-            yield UnitResult(p.unit, list(p.results), e.k, e.method, e.name)
+            yield UnitResult(p.unit, list(p.results), p.k, e.method_at(p.k), e.name)

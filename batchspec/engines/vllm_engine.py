@@ -32,11 +32,11 @@ from batchspec.engines.procs import (
 )
 from batchspec.engines.vllm_args import engine_kwargs, live_top_k, sampling_params
 from batchspec.engines.vllm_batch import Batch
-from batchspec.engines.vllm_live_k import set_k
+from batchspec.engines.vllm_live_k import KEY, set_k
 from batchspec.engines.vllm_step_feed import job_step_costs, watch_steps
 from batchspec.spec import JobSpec
 from batchspec.spec_tree import VLLM, EngineName
-from batchspec.units import RowRequest, UnitResult
+from batchspec.units import RowRequest, UnitRequests, UnitResult
 
 CLOSE_S = 60.0
 """Seconds vLLM waits for the engine's processes to exit before it kills them: a clean exit
@@ -59,13 +59,13 @@ class VllmEngine:
     """A ``vllm.LLM`` for one method, with a continuous feeding loop (``base.Engine``).
 
     vLLM fixes K when the engine is built. An adaptive job's engine is built at the largest K
-    the controller may choose and told each K it runs at (``switch_k``, ``vllm_live_k``): a
-    switch costs the drain of the batch, not a new engine. Elsewhere a different K means
-    another engine; either way the scheduler keeps a K while the plan gives it units.
+    the controller may choose and takes K per unit (``k_per_unit``, ``vllm_live_k``): each
+    row asks for its unit's K, rows at different K share the batch, nothing is rebuilt.
+    Elsewhere (a fixed K, vLLM's own schedule) a different K means another engine, and the
+    scheduler keeps an engine while the plan gives it units, to build as few as possible.
     """
 
     name: EngineName = VLLM
-    k_per_unit = False
     step_profile = None
 
     def __init__(self, spec: JobSpec, k: int, logprobs: int | None = None):
@@ -77,8 +77,9 @@ class VllmEngine:
         self.spec = spec
         self.k = k
         self.top_k = live_top_k(spec)
-        """The largest K this engine can switch to (``switch_k``); None: only its own."""
-        self.method = self._method(k)
+        """The largest K a unit may ask for; None: the engine's own K only."""
+        self.k_per_unit = self.top_k is not None
+        self.method = self.method_at(k)
         maybe_plant_bias()
         started = time.perf_counter()
         os.environ[ENGINE_ENV] = str(os.getpid())  # its processes die with this one (procs)
@@ -94,7 +95,7 @@ class VllmEngine:
             raise EngineFailure("vLLM ignored the K schedule (data parallelism disables it)")
         self.step_profile = job_step_costs(spec)
         """Step costs fitted from this engine's steps (and the process's earlier engines')."""
-        watch_steps(self.engine.engine_core, self.step_profile, lambda: self.k)
+        watch_steps(self.engine.engine_core, self.step_profile, self._step_k)
         self.procs = new_children(before)
         """The engine's processes (none when vLLM runs in this process)."""
         self.stall_s = spec.execution.engine_stall_s
@@ -111,65 +112,42 @@ class VllmEngine:
         self._next_id = 0
         self._steps = 0
         self.logprobs = logprobs
-        self._params = sampling_params(spec, logprobs=logprobs)
-        self.drain_loss_s: float | None = None
-        """The batch's lost seconds in the last drain (``switch_cost_s``)."""
-        self._row_s = [0, 0.0]
-        """Rows finished and their summed seconds from submission to finish."""
+        self._params: dict[int, Any] = {}
+        """The job's sampling parameters per K asked (``submit``)."""
+        self._batch: Batch | None = None
+        """What the current ``run`` has in flight."""
 
-    def _method(self, k: int) -> str:
+    def method_at(self, k: int) -> str:
         """The method recorded for rows decoded at K = ``k``."""
         return "none" if k == 0 else self.spec.speculative.method
 
-    def switch_k(self, k: int) -> bool:
-        """Run at K = ``k`` from the next row on, in this engine (``base.Engine.switch_k``).
-        Called between runs, the batch drained: every row runs at one K."""
-        if self.top_k is None or not 0 <= k <= self.top_k or not self.alive():
-            return False
-        self.k = set_k(self.engine.engine_core, k)
-        self.method = self._method(self.k)
-        return self.k == k
+    def unit_k(self, unit: UnitRequests) -> int:
+        """The K ``unit``'s rows decode at: its own where the engine takes K per unit, else
+        the engine's."""
+        return unit.k if unit.k is not None and self.k_per_unit else self.k
 
-    @property
-    def switch_cost_s(self) -> float | None:
-        """What a switch of K costs this engine: ``build_s`` without ``switch_k``; with it, the
-        seconds of a full batch lost while the batch drains (measured at the last drain: each
-        step's period times the share of the batch's slots empty; before one, half a row's
-        mean time, which is that loss when rows finish evenly over their lifetime)."""
-        if self.top_k is None:
-            return self.build_s
-        if self.drain_loss_s is not None:
-            return self.drain_loss_s
-        n, total = self._row_s
-        return total / n / 2 if n else None
+    def _step_k(self) -> int:
+        """The K of the step the engine core runs next (``vllm_live_k``)."""
+        return self._batch.step_k() if self._batch is not None else self.k
 
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
         """``base.Engine.run``: units are pulled whenever fewer than ``low_water`` requests
         are unfinished."""
-        batch = Batch(self)
-        drain: float | None = None
-        """While the source has nothing to feed: the batch's seconds lost so far."""
+        batch = self._batch = Batch(self)
         try:
             while not should_abort():
                 while self.engine.get_num_unfinished_requests() < self.low_water:
                     unit = source.next_unit()
                     if unit is None:
-                        drain = drain or 0.0
                         break
-                    drain = None
                     batch.add(unit)
                 yield from batch.finished()
                 if not batch.inflight:
                     if source.exhausted():
-                        self.drain_loss_s = drain if drain is not None else self.drain_loss_s
                         return
                     source.wait()
                     continue
-                empty = 1 - len(batch.inflight) / self.low_water
-                started = time.monotonic()
                 batch.collect(self._step())
-                if drain is not None:
-                    drain += empty * (time.monotonic() - started)
         finally:
             # Stopped early (abort, failure, consumer gone): drop what is still running.
             if batch.inflight and self.alive():
@@ -193,12 +171,17 @@ class VllmEngine:
         finally:
             self._step_since = None
 
-    def submit(self, request_id: str, req: RowRequest) -> None:
-        """Hand one row to vLLM; raises what vLLM raises when it rejects the row."""
+    def submit(self, request_id: str, req: RowRequest, k: int) -> None:
+        """Hand one row to vLLM, to decode at K = ``k``; raises what vLLM raises when it
+        rejects the row."""
         self._poisoned = self._poisoned or faults.is_poison(req.row_id)
-        params = self._params
+        extra = {KEY: k} if self.k_per_unit else None
         if req.seed is not None or req.sampling is not None:
-            params = sampling_params(self.spec, req.seed, self.logprobs, req.sampling)
+            params = sampling_params(self.spec, req.seed, self.logprobs, req.sampling, extra)
+        else:
+            if k not in self._params:
+                self._params[k] = sampling_params(self.spec, None, self.logprobs, None, extra)
+            params = self._params[k]
         self.engine.add_request(request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
 
     def next_request_id(self) -> int:

@@ -1,52 +1,124 @@
-"""K changed inside a running vLLM engine: no rebuild to switch speculation up, down or off.
+"""K per request inside one vLLM engine: no rebuild to run a unit at another K, and rows of
+units at different K in one batch, as on the tree engine.
 
 vLLM fixes ``num_speculative_tokens`` when an engine is built, and a new engine costs a start
 (20-130 s here, minutes for a large model on a GPU). But its scheduler already runs K per step:
-with ``num_speculative_tokens_per_batch_size`` set it looks each step's K up in a table by batch
-size (``Scheduler.dynamic_sd_lookup``; the proposer drafts that many tokens for the next step,
-the rejection sampler verifies what was drafted), and nothing else about the engine depends on
-which K in ``0..num_speculative_tokens`` a step runs at. So an engine built at the grid's top K,
-with a schedule, can be told another K at any time by replacing that table: the next step's
-drafts are proposed at the new K, the step after verifies them. Output is unchanged by K
-(rejection sampling is exact at every K; greedy rows are token-identical), so a switch costs one
-utility call between two steps.
+with ``num_speculative_tokens_per_batch_size`` set it looks each step's K up in a table
+(``Scheduler.dynamic_sd_lookup``), the proposer drafts that many tokens for every running
+request, and each request verifies the drafts on its ``spec_token_ids``. Two small changes to
+the engine core make K a property of the request (``SamplingParams.extra_args[KEY]``):
 
-The call reaches the engine core through vLLM's own utility channel (``call_utility``, run by
-the core between steps, so the table is never replaced mid-step); the method it calls is added
-to ``EngineCore`` by :func:`install`, which batchspec's vLLM plugin runs in every engine process.
+- before each step is scheduled, the table is set to the largest K among the requests in the
+  engine (the proposer drafts no more than some request will verify; K=0 when none asks);
+- when a step's drafts come back, each request keeps the first K of them (with asynchronous
+  scheduling: its placeholders for them), so it verifies exactly K drafts whatever the others
+  ask. A chain's first K drafts are what a K-draft proposer would have drafted (n-gram: the
+  continuation after the same match; a draft model or EAGLE: the same autoregressive chain),
+  and rejection sampling is exact at every K, so each row is what an engine built at its K
+  makes, token for token and in its counts.
+
+A request without a K of its own runs at the engine's (``set_k``, the K it was built to start
+at). These changes are installed by :func:`install`, which batchspec's vLLM plugin runs in
+every engine process; the engine is built at the largest K the job may choose
+(``vllm_args.live_top_k``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+KEY = "batchspec_k"
+"""A request's K, in its ``SamplingParams.extra_args``."""
 METHOD = "batchspec_set_k"
-"""The utility's name on vLLM's ``EngineCore``."""
+"""The utility on vLLM's ``EngineCore`` that sets the engine's K (``set_k``)."""
 
 
 def install() -> None:
-    """Give vLLM's ``EngineCore`` the utility :func:`set_k` calls (idempotent)."""
+    """Patch vLLM's engine core and schedulers in this process (idempotent)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
 
-    if not hasattr(EngineCore, METHOD):
-        setattr(EngineCore, METHOD, _set_k)
+    if hasattr(EngineCore, METHOD):
+        return
+    setattr(EngineCore, METHOD, _set_k)
+    Scheduler.schedule = _per_request_k(Scheduler.schedule)
+    Scheduler.update_draft_token_ids = _trimmed(Scheduler.update_draft_token_ids)
+    AsyncScheduler._update_after_schedule = _trimmed_placeholders(
+        AsyncScheduler._update_after_schedule
+    )
+
+
+def request_k(request: Any, default: int) -> int:
+    """The K a request of vLLM's scheduler asked for, else ``default``."""
+    extra = getattr(request.sampling_params, "extra_args", None)
+    k = extra.get(KEY) if extra else None
+    return default if k is None else int(k)
 
 
 def _set_k(self: Any, k: int) -> int:
-    """On the engine core: every batch size at ``k`` (capped at the engine's K); the K set, or
-    -1 where the engine has no per-step K (built without a schedule or without speculation)."""
+    """On the engine core: the K of requests without one (capped at the engine's K); the K
+    set, or -1 where the engine cannot run K per step (built without a schedule, or with data
+    parallelism, which disables it)."""
     scheduler = self.scheduler
-    lookup = getattr(scheduler, "dynamic_sd_lookup", None)
-    if lookup is None:
+    if getattr(scheduler, "dynamic_sd_lookup", None) is None:
         return -1
-    k = max(0, min(int(k), scheduler.num_spec_tokens))
-    scheduler.dynamic_sd_lookup = [k] * len(lookup)
-    return k
+    scheduler.batchspec_k = max(0, min(int(k), scheduler.num_spec_tokens))
+    return scheduler.batchspec_k
+
+
+def _per_request_k(schedule: Any) -> Any:
+    @functools.wraps(schedule)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        lookup = getattr(self, "dynamic_sd_lookup", None)
+        default = getattr(self, "batchspec_k", None)
+        if lookup is not None and default is not None:
+            k = max((request_k(r, default) for r in self.requests.values()), default=default)
+            k = min(k, self.num_spec_tokens)
+            if lookup[-1] != k or lookup[1] != k:
+                self.dynamic_sd_lookup = [k] * len(lookup)
+        return schedule(self, *args, **kwargs)
+
+    return wrapped
+
+
+def _trimmed(update: Any) -> Any:
+    @functools.wraps(update)
+    def wrapped(self: Any, draft_token_ids: Any) -> None:
+        update(self, draft_token_ids)
+        default = getattr(self, "batchspec_k", None)
+        if default is None:
+            return
+        for req_id in draft_token_ids.req_ids:
+            request = self.requests.get(req_id)
+            if request is not None and request.spec_token_ids:
+                k = request_k(request, default)
+                if len(request.spec_token_ids) > k:
+                    request.spec_token_ids = request.spec_token_ids[:k]
+
+    return wrapped
+
+
+def _trimmed_placeholders(update: Any) -> Any:
+    @functools.wraps(update)
+    def wrapped(self: Any, scheduler_output: Any) -> None:
+        update(self, scheduler_output)
+        default = getattr(self, "batchspec_k", None)
+        if default is None:
+            return
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            k = request_k(request, default)
+            if len(request.spec_token_ids) > k:
+                request.spec_token_ids = request.spec_token_ids[:k]
+
+    return wrapped
 
 
 def set_k(client: Any, k: int) -> int:
-    """Set the K of the engine behind ``client`` (vLLM's engine-core client, in this process or
-    another); returns the K set, -1 if the engine cannot change it."""
+    """Set the K of requests without one in the engine behind ``client`` (vLLM's engine-core
+    client, in this process or another); returns the K set, -1 if the engine cannot."""
     core = getattr(client, "engine_core", None)
     if core is not None and hasattr(core, "scheduler"):  # in this process (InprocClient)
         return _set_k(core, k)

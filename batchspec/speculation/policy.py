@@ -1,16 +1,18 @@
 """K per domain over the rest of the work: which engines (one per K) are worth building.
 
-vLLM fixes K when an engine is built, so choosing K is choosing engines. ``KPolicy.decide``
-turns the controller's per-domain predictions into a plan (K per domain) that weighs every
-extra engine against its measured start, and, when much work is left, a probe: one unit at a
-K whose step time nobody measured yet, without which a run that starts at one K would never
-learn another's cost. Each worker weighs these against its own share of the rows left
-(rows ÷ live workers): with N workers, it runs about 1/N of them.
+Where K is fixed when an engine is built (vLLM at a fixed K or on its own schedule; an
+adaptive job's vLLM engine takes K per unit, ``engines.vllm_live_k``), choosing K is choosing
+engines. ``KPolicy.decide`` turns the controller's per-domain predictions into a plan (K per
+domain) that weighs every extra engine against its measured start, and, when much work is
+left, a probe: one unit at a K whose step time nobody measured yet, without which a run that
+starts at one K would never learn another's cost. Each worker weighs these against its own
+share of the rows left (rows ÷ live workers): with N workers, it runs about 1/N of them.
 
 Acceptance needs no exploring where the job's drafts can be replayed (n-gram: ``replay``):
 every committed row tells every K's acceptance, so no unit rides along at another K to
-measure it. On an engine that takes K per unit (the tree engine) with a profiled step cost,
-nothing needs exploring at all: each domain gets its best K, unit by unit, in one engine.
+measure it. On an engine that takes K per unit with a step cost (the tree engine's profile,
+vLLM's fit of its own steps), nothing needs exploring at all: each domain gets its best K,
+unit by unit, in one engine.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class KPolicy:
         self._taken: dict[Domain, tuple[int, int]] = {}
         """Per domain: units taken, and how many of them ran away from their planned K."""
         self.build_s: float | None = None
-        """Seconds a switch of K costs, as last measured (``measured_start``)."""
+        """Seconds to start an engine, as last measured: what a switch of K costs."""
         self._read_at = -math.inf
         self.engine = s.engine
         self.replays = s.method == "ngram"
@@ -104,10 +106,8 @@ class KPolicy:
             if ob.engine in (None, self.engine):  # another engine has other step costs
                 self.ctl.add(ob)
 
-    def measured_start(self, seconds: float | None) -> None:
-        """What the next switch of K costs, as last measured: an engine's start, or, where the
-        engine up switches K itself (``engines.base.switch_k``), the drain of its batch (None
-        until a row finished: every domain then gets its own best K)."""
+    def measured_start(self, seconds: float) -> None:
+        """An engine just started in this many seconds: what the next switch of K costs."""
         self.build_s = seconds
 
     def engine_up(self, engine: Engine) -> None:

@@ -15,7 +15,6 @@ import traceback
 from typing import TextIO
 
 from batchspec.engines import Engine, EngineFailure, open_engine
-from batchspec.engines.base import switch_cost_s, switch_k
 from batchspec.engines.quiet import EngineStartError, engine_output, log_size
 from batchspec.errors import UserError
 from batchspec.io.checks import Preflight
@@ -104,7 +103,7 @@ class Worker:
             with self.stop.installed():
                 while self.scheduler and not self.stop.stopping:
                     k, first = self.scheduler.next_engine(None if engine is None else engine.k)
-                    if engine is not None and engine.k != k and not switch_k(engine, k):
+                    if engine is not None and engine.k != k:
                         self._close(engine)
                         engine = None
                     engine = self._run_group(k, first, engine)
@@ -206,7 +205,6 @@ class Worker:
                 if whole is not None:
                     record["units"] += 1
                     record["output_tokens"] += self._commit(whole, source, result is whole)
-                    self.scheduler.policy.measured_start(switch_cost_s(engine))
         except EngineFailure as exc:
             record["failure"] = str(exc)
         finally:
@@ -221,7 +219,6 @@ class Worker:
             record["units_explored"] = explored - self._explored_counted
             self._explored_counted = explored
             self.stats.engines.append(record)
-            self.scheduler.policy.measured_start(switch_cost_s(engine))  # its drain, measured
         return record.get("failure")
 
     def _build(self, k: int) -> Engine:
@@ -234,7 +231,7 @@ class Worker:
             error = EngineStartError(exc, since)
             traceback.print_exc()  # into the log (on the terminal when verbose)
             raise error from exc
-        self.scheduler.policy.measured_start(switch_cost_s(engine))
+        self.scheduler.policy.measured_start(engine.build_s)
         self.scheduler.policy.engine_up(engine)
         self.replays.engine_up(engine)
         self.stats.engine_build_s += engine.build_s
