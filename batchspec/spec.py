@@ -113,9 +113,10 @@ class ModelSpec(_Section):
 
 
 class SpeculativeSpec(_Section):
-    """Speculative decoding: vLLM's `speculative_config`, plus K per domain. vLLM fixes K when
-    an engine is built, so a job with several K builds one engine per K and runs each K's
-    units together."""
+    """Speculative decoding: vLLM's `speculative_config`, plus K per domain. With `adaptive`
+    (the default) one engine serves every K: vLLM is built at the largest K of `k_grid` and
+    each row decodes at its unit's K, rows of different K in one batch, as on the tree engine.
+    A fixed K, or vLLM's own `k_by_batch_size`, gets exactly that engine, one per K."""
 
     method: SpecMethod = Field(
         "none", description="`none`, `draft_model`, `eagle`, `eagle3`, `ngram`, `suffix`, `mtp`"

@@ -72,6 +72,22 @@ def test_plain_steps_alone_price_a_drafted_token_as_a_prefill_token() -> None:
     assert costs.seconds(16, 4) == pytest.approx(cost(0, 16, 0, 0) + 64 * TRUE["prefill"])
 
 
+def test_rows_asking_for_different_k_fill_the_slots_they_asked_for() -> None:
+    """In an engine that takes K per row (``vllm_live_k``) a step drafts at the largest K in
+    it: half the rows at K=4 drafting fully and half at K=0 fill their drafts completely,
+    not half of 4 slots a row (which would price K=4 as if n-gram found half the matches)."""
+    costs = StepCosts()
+    for rows in range(2, 18, 2):
+        drafted = rows // 2 * 4
+        costs.record(cost(4, rows, drafted, 0), 4, rows, rows + drafted, 0, slots=rows * 2.0)
+    assert costs.fill(4) == 1.0 and costs.fill() == 1.0
+    plain = StepCosts()  # the same steps read as every row at the step's K
+    for rows in range(2, 18, 2):
+        drafted = rows // 2 * 4
+        plain.record(cost(4, rows, drafted, 0), 4, rows, rows + drafted, 0)
+    assert plain.fill(4) == 0.5
+
+
 def test_no_cost_is_negative_and_waits_for_work_are_left_out() -> None:
     costs = StepCosts()
     assert math.isnan(costs.seconds(16, 3))  # nothing before MIN_STEPS

@@ -87,6 +87,11 @@ class Batch:
         ks = [k for k, n in self.by_k.items() if n > 0]
         return max(ks) if ks else self.engine.k
 
+    def mean_k(self) -> float | None:
+        """The mean K the requests in flight asked for (None: none in flight)."""
+        n = sum(self.by_k.values())
+        return sum(k * c for k, c in self.by_k.items()) / n if n else None
+
     def add(self, unit: UnitRequests) -> None:
         """Submit a unit's rows; rows that failed before (or at) submission are done at once."""
         pending = _Pending(unit, [None] * len(unit.rows), self.engine.unit_k(unit))

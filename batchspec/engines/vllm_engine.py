@@ -95,7 +95,7 @@ class VllmEngine:
             raise EngineFailure("vLLM ignored the K schedule (data parallelism disables it)")
         self.step_profile = job_step_costs(spec)
         """Step costs fitted from this engine's steps (and the process's earlier engines')."""
-        watch_steps(self.engine.engine_core, self.step_profile, self._step_k)
+        watch_steps(self.engine.engine_core, self.step_profile, self._step_k, self._mean_k)
         self.procs = new_children(before)
         """The engine's processes (none when vLLM runs in this process)."""
         self.stall_s = spec.execution.engine_stall_s
@@ -129,6 +129,10 @@ class VllmEngine:
     def _step_k(self) -> int:
         """The K of the step the engine core runs next (``vllm_live_k``)."""
         return self._batch.step_k() if self._batch is not None else self.k
+
+    def _mean_k(self) -> float | None:
+        """The mean K its rows asked for, where rows ask for their own."""
+        return self._batch.mean_k() if self._batch is not None and self.k_per_unit else None
 
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
         """``base.Engine.run``: units are pulled whenever fewer than ``low_water`` requests

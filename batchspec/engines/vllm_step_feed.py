@@ -43,11 +43,17 @@ def job_step_costs(spec: JobSpec) -> StepCosts:
     return step_costs_for(parts, cache_root())
 
 
-def watch_steps(core: Any, costs: StepCosts, k: Callable[[], int]) -> None:
+def watch_steps(
+    core: Any,
+    costs: StepCosts,
+    k: Callable[[], int],
+    mean_k: Callable[[], float | None] = lambda: None,
+) -> None:
     """Feed every step an engine core reports to ``costs``: its period on the core's clock
-    (``EngineCoreOutputs.timestamp``), what it scheduled (``iteration_details``) and the K it
-    ran at (``k()``: the engine's, which may change while it runs). Wraps the client's
-    ``get_output``, through which every step's outputs pass, in either process."""
+    (``EngineCoreOutputs.timestamp``), what it scheduled (``iteration_details``), the K it ran
+    at (``k()``) and, where rows ask for different K, the mean K they asked for (``mean_k()``:
+    the drafts a full draft of each row would fill). Wraps the client's ``get_output``,
+    through which every step's outputs pass, in either process."""
     inner = core.get_output
     last: list[float] = []
 
@@ -61,7 +67,9 @@ def watch_steps(core: Any, costs: StepCosts, k: Callable[[], int]) -> None:
             if last:
                 period = outputs.timestamp - last[0]
                 rows, tokens = d.num_generation_requests, d.num_generation_tokens
-                costs.record(period, k(), rows, tokens, d.num_ctx_tokens)
+                mean = mean_k()
+                slots = None if mean is None else rows * mean
+                costs.record(period, k(), rows, tokens, d.num_ctx_tokens, slots)
             last[:] = [outputs.timestamp]
         except Exception as exc:  # a measurement never fails a step: no more of them
             core.get_output = inner

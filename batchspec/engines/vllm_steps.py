@@ -71,7 +71,10 @@ class StepCosts:
         self.per_k: dict[int, list[float]] = {}
         """Per engine K: steps, Σ seconds, Σ features (for measured against fitted)."""
         self.drafted_slots = np.zeros(2)
-        """Over spec steps: drafted tokens, and rows × K (the slots a full draft fills)."""
+        """Over spec steps: drafted tokens, and the slots full drafts would fill (each row in
+        decode its own K: rows × K where every row asks the step's K)."""
+        self.slots_k: dict[int, list[float]] = {}
+        """The same per step K."""
         self.skipped = 0
         """Periods left out as waits for work."""
         self.samples: list[list[float]] = []
@@ -86,9 +89,18 @@ class StepCosts:
 
     # -- input -------------------------------------------------------------------------
 
-    def record(self, period_s: float, k: int, rows: int, tokens: int, prefill: int) -> None:
+    def record(
+        self,
+        period_s: float,
+        k: int,
+        rows: int,
+        tokens: int,
+        prefill: int,
+        slots: float | None = None,
+    ) -> None:
         """One step of an engine at ``k``: its period, rows in decode and their tokens (drafts
-        included), prefill tokens."""
+        included), prefill tokens; ``slots``: the drafts its rows asked for where rows ask
+        for different K (``vllm_live_k``: the step drafts at the largest), else rows × k."""
         if period_s <= 0 or rows + prefill == 0:
             return
         drafted = max(tokens - rows, 0)
@@ -108,7 +120,11 @@ class StepCosts:
             for i, v in enumerate(x):
                 acc[2 + i] += v
             if k > 0 and rows:
-                self.drafted_slots += (drafted, rows * k)
+                asked = rows * k if slots is None else slots
+                self.drafted_slots += (drafted, asked)
+                at_k = self.slots_k.setdefault(k, [0.0, 0.0])
+                at_k[0] += drafted
+                at_k[1] += asked
             self._coef = None
             seen = int(self.n - self._prior_n)
             sample = [k, rows, drafted, prefill, period_s]
@@ -144,13 +160,12 @@ class StepCosts:
         """The share of draft slots filled in the spec steps seen: at the engine K nearest
         ``k`` (a longer K fills a smaller share: n-gram matches run out), or over all (None);
         1 before any spec step."""
-        ks = [j for j, acc in self.per_k.items() if j > 0 and acc[0] > 0 and acc[3] > 0]
+        ks = [j for j, (_, slots) in self.slots_k.items() if j > 0 and slots > 0]
         if k is None or not ks:
             drafted, slots = self.drafted_slots
             return float(drafted / slots) if slots > 0 else 1.0
-        j = min(ks, key=lambda j: (abs(j - k), -j))
-        acc = self.per_k[j]
-        return float(acc[2 + FEATURES.index("drafted")] / (acc[2 + FEATURES.index("rows")] * j))
+        drafted, slots = self.slots_k[min(ks, key=lambda j: (abs(j - k), -j))]
+        return float(drafted / slots)
 
     def features(self, batch: int, k: int) -> np.ndarray:
         """A decode step of ``batch`` rows at ``k``, nothing in prefill."""
@@ -212,6 +227,7 @@ class StepCosts:
             yy, n = float(data["yy"]), float(data["n"])
             per_k = {int(k): [float(v) for v in acc] for k, acc in data["per_k"].items()}
             slots = np.array(data["drafted_slots"], float)
+            slots_k = {int(k): [float(v) for v in x] for k, x in data.get("slots_k", {}).items()}
         except (OSError, ValueError, KeyError, TypeError):
             return
         if xtx.shape != self.xtx.shape or n <= 0:
@@ -228,6 +244,10 @@ class StepCosts:
                 for i, v in enumerate(acc):
                     mine[i] += w * v
             self.drafted_slots += w * slots
+            for k, (drafted, asked) in slots_k.items():
+                mine = self.slots_k.setdefault(k, [0.0, 0.0])
+                mine[0] += w * drafted
+                mine[1] += w * asked
             self._coef = None
         self._judge = self.coefficients()
 
@@ -245,6 +265,7 @@ class StepCosts:
                 "n": self.n,
                 "per_k": {str(k): v for k, v in self.per_k.items()},
                 "drafted_slots": self.drafted_slots.tolist(),
+                "slots_k": {str(k): v for k, v in self.slots_k.items()},
                 "samples": self.samples,
             }
         try:
