@@ -18,6 +18,7 @@ from batchspec.engines.vllm_batch import _at_k
 from batchspec.engines.vllm_live_k import (
     KEY,
     METHOD,
+    _nothing_at_k0,
     _per_request_k,
     _set_k,
     _trimmed,
@@ -132,6 +133,13 @@ def test_each_request_keeps_only_its_own_k_drafts() -> None:
     plain = scheduler(reqs)  # no engine K set: an engine that is not batchspec's, untouched
     _trimmed(propose)(plain, SimpleNamespace(req_ids=list(reqs)))
     assert all(len(r.spec_token_ids) == 6 for r in reqs.values())
+
+
+def test_a_step_at_k0_does_not_call_the_ngram_proposer() -> None:
+    calls = []
+    propose = _nothing_at_k0(lambda self, k, sampled, *rest: calls.append(k) or [[7] * k])
+    assert propose(None, 0, [[1], [2], [3]], "tokens") == [[], [], []] and calls == []
+    assert propose(None, 2, [[1]], "tokens") == [[7, 7]] and calls == [2]
 
 
 def test_the_plugin_gives_vllms_engine_core_the_utility() -> None:

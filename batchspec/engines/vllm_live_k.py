@@ -18,9 +18,9 @@ the engine core make K a property of the request (``SamplingParams.extra_args[KE
   makes, token for token and in its counts.
 
 A request without a K of its own runs at the engine's (``set_k``, the K it was built to start
-at). These changes are installed by :func:`install`, which batchspec's vLLM plugin runs in
-every engine process; the engine is built at the largest K the job may choose
-(``vllm_args.live_top_k``).
+at). A step at K=0 drafts nothing: vLLM's n-gram proposer is not even called then. These
+changes are installed by :func:`install`, which batchspec's vLLM plugin runs in every engine
+process; the engine is built at the largest K the job may choose (``vllm_args.live_top_k``).
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ def install() -> None:
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
     if hasattr(EngineCore, METHOD):
         return
     setattr(EngineCore, METHOD, _set_k)
+    NgramProposer.propose = _nothing_at_k0(NgramProposer.propose)
     Scheduler.schedule = _per_request_k(Scheduler.schedule)
     Scheduler.update_draft_token_ids = _trimmed(Scheduler.update_draft_token_ids)
     AsyncScheduler._update_after_schedule = _trimmed_placeholders(
@@ -66,6 +68,21 @@ def _set_k(self: Any, k: int) -> int:
         return -1
     scheduler.batchspec_k = max(0, min(int(k), scheduler.num_spec_tokens))
     return scheduler.batchspec_k
+
+
+def _nothing_at_k0(propose: Any) -> Any:
+    """vLLM's n-gram proposer asked for no drafts returns none without searching: it would
+    still run its numba kernel (threads of its own beside the model's) for every request."""
+
+    @functools.wraps(propose)
+    def wrapped(
+        self: Any, num_speculative_tokens: int, sampled_token_ids: Any, *args: Any, **kw: Any
+    ) -> Any:
+        if num_speculative_tokens == 0:
+            return [[] for _ in sampled_token_ids]
+        return propose(self, num_speculative_tokens, sampled_token_ids, *args, **kw)
+
+    return wrapped
 
 
 def _per_request_k(schedule: Any) -> Any:
