@@ -321,9 +321,25 @@ def test_an_engine_that_takes_k_per_unit_gets_every_domain_at_its_best_k(tmp_pat
 
 
 def test_a_domain_nothing_was_learnt_of_starts_at_the_specs_k() -> None:
-    """A profile prices every K, but a domain without counts or replay starts at the spec's
-    K (3), not at what a prior acceptance would pick; one replayed unit moves it."""
+    """A profile prices every K, but before any replay a domain without counts starts at the
+    spec's K (3), not at what a prior acceptance would pick; one replayed unit moves it."""
     ctl = Controller(8, [0, 1, 3, 8], 3, step_cost=lambda k: 1.0 + 0.01 * k)
     assert ctl.choose("new").k == 3
     ctl.add(replayed_observation("other", 3, {0: 0, 1: 50, 3: 80, 8: 95}))
-    assert ctl.choose("new").k == 3 and ctl.choose("other").k == 8
+    assert ctl.choose("other").k == 8
+
+
+def test_a_domain_not_seen_yet_starts_where_the_pooled_replay_says() -> None:
+    """Once other domains' rows were replayed, a domain not seen yet starts at the best K for
+    their replay pooled (its first unit measures nothing that replay of it at any K would not
+    tell). "easy" accepts 90 of 100 decode tokens at K=3, "hard" 0; pooled, 200 tokens with 90
+    accepted: 200 / 110 = 1.82 a step at K=3 against 1 at K=0. With a step at K=3 costing
+    1.5x a plain one: 1.21 > 1, K=3; at 2x: 0.91 < 1, K=0 (where "easy" alone would say K=3:
+    10 a step / 2 = 5)."""
+    for cost, want in ((lambda k: 1.0 + k / 6, 3), (lambda k: 1.0 + k / 3, 0)):
+        ctl = Controller(8, [0, 3], 8, step_cost=cost)
+        ctl.add(replayed_observation("easy", 3, {0: 0, 3: 90}))
+        ctl.add(replayed_observation("hard", 3, {0: 0, 3: 0}))
+        rates = ctl.choose("new").rates
+        assert rates[3] == pytest.approx(200 / 110 / cost(3)), rates
+        assert ctl.choose("new").k == want and ctl.choose("easy").k == 3

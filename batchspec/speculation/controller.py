@@ -216,9 +216,13 @@ class _Table:
         # Ties go to the smaller K (the grid is sorted; argmax takes the first maximum).
         best = grid[np.argmax(np.where(known, self.rates, -np.inf), axis=1)]
         # A domain that nothing tells acceptance of (no drafts counted or replayed, no K=0
-        # run) starts at the spec's K, rather than at a prior's choice.
-        replayed = np.zeros(n + 1, dtype=bool)
-        replayed[:n] = (ctl._replay_tokens[:n, grid] > 0).any(axis=1)
+        # run) starts at the spec's K, rather than at a prior's choice; except, where other
+        # domains' rows were replayed, a domain not seen yet (the blank row): it starts at the
+        # K best for their pooled replay (``replayed_per_step``). Its first unit then loses
+        # nothing to measuring: replay of its rows at whatever K tells every K.
+        replayed = (ctl._replay_tokens[:, grid] > 0).any(axis=1)[: n + 1].copy()
+        replayed.resize(n + 1)
+        replayed[n] = replayed[:n].any()
         default = ~known.any(axis=1) | ((accepted + rejections == 0) & ~replayed & ~zero)
         self.k = np.where(default, ctl.default_k, best)
         self._measurement_wins(ctl, grid, default)
@@ -280,8 +284,8 @@ def replayed_per_step(
 ) -> np.ndarray:
     """Tokens per decode step of each domain (rows of ``alpha``; one more row than there are
     domains stands for the blank domain) at each K of ``ks``: replayed where rows of the
-    domain were replayed at that K (``replay``: exact for greedy rows), the α model
-    elsewhere."""
+    domain were replayed at that K (``replay``: exact for greedy rows), for the blank domain
+    every domain's replay pooled, the α model elsewhere."""
     out = tokens_per_step(alpha[:, None], coverage[:, None], ks[None, :])
     n = min(len(alpha), len(ctl.index))
     inside = ks < ctl._replay_tokens.shape[1]
@@ -294,4 +298,9 @@ def replayed_per_step(
     )
     block = out[:n, inside]
     out[:n, inside] = np.where(seen, replayed, block)
+    if len(alpha) > n:  # the blank row: every domain's replay pooled, where there is any
+        pooled, pooled_accepted = tokens.sum(axis=0), accepted.sum(axis=0)
+        some = pooled > 0
+        per_step = pooled / np.maximum(pooled - pooled_accepted, 1.0)
+        out[n, inside] = np.where(some, per_step, out[n, inside])
     return out
