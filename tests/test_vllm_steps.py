@@ -88,6 +88,20 @@ def test_rows_asking_for_different_k_fill_the_slots_they_asked_for() -> None:
     assert plain.fill(4) == 0.5
 
 
+def test_a_longer_k_is_never_priced_below_a_shorter_one() -> None:
+    """Each K's fill is read from the steps nearest it: K=2's steps drafted 2 a row, K=8's
+    only 1 (n-gram ran out of matches); K=8 is priced with 2 drafts a row, not 1."""
+    costs = StepCosts()
+    for rows in range(1, 17):
+        for k, per_row in ((0, 0), (2, 2), (8, 1)):
+            drafted = rows * per_row
+            costs.record(cost(k, rows, drafted, 0), k, rows, rows + drafted, 0)
+    assert costs.fill(8) * 8 == pytest.approx(1.0) and costs.fill(2) * 2 == pytest.approx(2.0)
+    assert costs.features(16, 8)[3] == pytest.approx(32.0)
+    priced = [costs.seconds(16, k) for k in range(9)]
+    assert priced == sorted(priced)
+
+
 def test_no_cost_is_negative_and_waits_for_work_are_left_out() -> None:
     costs = StepCosts()
     assert math.isnan(costs.seconds(16, 3))  # nothing before MIN_STEPS

@@ -167,9 +167,20 @@ class StepCosts:
         drafted, slots = self.slots_k[min(ks, key=lambda j: (abs(j - k), -j))]
         return float(drafted / slots)
 
+    def drafts(self, k: int) -> float:
+        """Drafts per row in a step at ``k``: ``fill(k)·k``, kept between what the K measured
+        below and above it drafted (a chain allowed more drafts never drafts fewer; where the
+        measurements disagree, the lower bound wins, so the price rises with K)."""
+        if k <= 0:
+            return 0.0
+        seen = {j: a[0] / a[1] for j, a in self.slots_k.items() if j > 0 and a[1] > 0}
+        lo = max((d * j for j, d in seen.items() if j <= k), default=0.0)
+        hi = min((d * j for j, d in seen.items() if j >= k), default=np.inf)
+        return max(lo, min(self.fill(k) * k, hi))
+
     def features(self, batch: int, k: int) -> np.ndarray:
         """A decode step of ``batch`` rows at ``k``, nothing in prefill."""
-        drafted = batch * self.fill(k) * k
+        drafted = batch * self.drafts(k)
         return np.array([1.0, batch, batch if k > 0 else 0.0, drafted, 0.0])
 
     def seconds(self, batch: int, k: int) -> float:
