@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.walks import ScriptedDraws, every_path
 
 from batchspec.engines.tree.accept import (
     TorchDraws,
@@ -49,29 +50,18 @@ def test_greedy_follows_the_argmax_and_breaks_ties_low() -> None:
     assert accept_greedy(tree, logits) == ([], 1)
 
 
-class Walk:
-    """A ``Draws`` source that takes the outcomes a script names (by index), then the first
-    outcome of every further draw, and records each draw's outcomes and the path's
-    probability. A categorical draw must come last: it is not branched here but returned as
-    ``BONUS`` with its distribution kept in ``final`` (one run per path, not per token)."""
+class Walk(ScriptedDraws):
+    """``ScriptedDraws`` whose categorical draw must come last: it is not branched here but
+    returned as ``BONUS`` with its distribution kept in ``final`` (one run per path, not per
+    token)."""
 
     def __init__(self, script: tuple[int, ...]) -> None:
-        self.script = script
-        self.taken: list[int] = []
-        self.options: list[int] = []
-        self.weight = 1.0
+        super().__init__(script)
         self.final: list[float] | None = None
 
     def bernoulli(self, chance: float) -> bool:
         assert self.final is None, "a draw after the bonus token"
-        c = min(max(chance, 0.0), 1.0)  # the engine's source: uniform u < chance
-        outcomes = [(o, w) for o, w in ((True, c), (False, 1.0 - c)) if w > 0]
-        i = self.script[len(self.taken)] if len(self.taken) < len(self.script) else 0
-        self.taken.append(i)
-        self.options.append(len(outcomes))
-        value, w = outcomes[i]
-        self.weight *= w
-        return value
+        return super().bernoulli(chance)
 
     def categorical(self, p: torch.Tensor) -> int:
         assert self.final is None, "two bonus tokens"
@@ -80,15 +70,10 @@ class Walk:
 
 
 def outcomes(run: Callable[[Walk], tuple[int, ...]]) -> Dist:
-    """Every result of ``run`` with its exact probability: every outcome of every draw is
-    walked (depth first, one run per path); a result ending in ``BONUS`` is spread over the
-    final categorical draw's tokens."""
+    """Every result of ``run`` with its exact probability (``every_path``); a result ending
+    in ``BONUS`` is spread over the final categorical draw's tokens."""
     out: Dist = {}
-    stack: list[tuple[int, ...]] = [()]
-    while stack:
-        script = stack.pop()
-        walk = Walk(script)
-        result = run(walk)
+    for walk, result in every_path(Walk, run):
         if result and result[-1] == BONUS:
             assert walk.final is not None
             for tok, pr in enumerate(walk.final):
@@ -97,8 +82,6 @@ def outcomes(run: Callable[[Walk], tuple[int, ...]]) -> Dist:
                     out[seq] = out.get(seq, 0.0) + walk.weight * pr
         else:
             out[result] = out.get(result, 0.0) + walk.weight
-        for at in range(len(script), len(walk.taken)):
-            stack.extend((*walk.taken[:at], alt) for alt in range(1, walk.options[at]))
     return out
 
 

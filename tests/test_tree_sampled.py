@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import job_dict
+from support.walks import ScriptedDraws, every_path
 from test_tree_penalties import reference
 
 from batchspec.engines.base import ListSource
@@ -84,30 +85,13 @@ class Table:
         self.seq.pop(slot, None)
 
 
-class Walk:
-    """A ``Draws`` source for a whole row: the outcomes a script names (by index), then each
-    draw's first; the path's probability is the product of the outcomes'. Coins and tokens
-    both branch (a token drawn changes every later step)."""
-
-    def __init__(self, script: tuple[int, ...]) -> None:
-        self.script, self.taken, self.options, self.weight = script, [], [], 1.0
-
-    def _pick(self, outcomes: list[tuple[object, float]]) -> object:
-        outcomes = [(o, w) for o, w in outcomes if w > 0]
-        i = self.script[len(self.taken)] if len(self.taken) < len(self.script) else 0
-        self.taken.append(i)
-        self.options.append(len(outcomes))
-        value, w = outcomes[i]
-        self.weight *= w
-        return value
-
-    def bernoulli(self, chance: float) -> bool:
-        c = min(max(chance, 0.0), 1.0)
-        return bool(self._pick([(True, c), (False, 1.0 - c)]))
+class Walk(ScriptedDraws):
+    """``ScriptedDraws`` for a whole row: coins and tokens both branch (a token drawn changes
+    every later step)."""
 
     def categorical(self, p: torch.Tensor) -> int:
         q = (p / p.sum()).tolist()
-        return int(self._pick(list(enumerate(q))))  # type: ignore[arg-type]
+        return int(self.pick(list(enumerate(q))))  # type: ignore[arg-type]
 
 
 def engine(k: int, **sampling) -> TreeEngine:
@@ -131,16 +115,14 @@ class Letters:
 def walked(eng: TreeEngine) -> list[tuple[float, RowResult]]:
     """Every way the engine can decode ``PROMPT``, with its exact probability."""
     unit = WorkUnit(0, "in.parquet", 0, 1, None, 1)
-    out, stack = [], [()]
-    while stack:
-        walk = Walk(stack.pop())
-        eng.draws = lambda gen, walk=walk: walk
+
+    def run(walk: Walk) -> RowResult:
+        eng.draws = lambda gen: walk
         todo = ListSource([UnitRequests(unit, [RowRequest(0, 0, None, {}, list(PROMPT))])])
         (res,) = eng.run(todo, lambda: False)
-        out.append((walk.weight, res.results[0]))
-        for at in range(len(walk.script), len(walk.taken)):
-            stack.extend((*walk.taken[:at], alt) for alt in range(1, walk.options[at]))
-    return out
+        return res.results[0]
+
+    return [(walk.weight, row) for walk, row in every_path(Walk, run)]
 
 
 def plain(s: SamplingSpec, raw: bool = False) -> Dist:

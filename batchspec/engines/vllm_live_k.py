@@ -100,35 +100,39 @@ def _per_request_k(schedule: Any) -> Any:
     return wrapped
 
 
+def _keep_own_k(scheduler: Any, req_ids: Any) -> None:
+    """Each of these requests' drafts (or placeholders for them) cut to its own K, on an
+    engine whose K batchspec set (``batchspec_k``; any other engine is left alone)."""
+    default = getattr(scheduler, "batchspec_k", None)
+    if default is None:
+        return
+    for req_id in req_ids:
+        request = scheduler.requests.get(req_id)
+        if request is not None and request.spec_token_ids:
+            k = request_k(request, default)
+            if len(request.spec_token_ids) > k:
+                request.spec_token_ids = request.spec_token_ids[:k]
+
+
 def _trimmed(update: Any) -> Any:
+    """After the step's drafts reach their requests (synchronous scheduling)."""
+
     @functools.wraps(update)
     def wrapped(self: Any, draft_token_ids: Any) -> None:
         update(self, draft_token_ids)
-        default = getattr(self, "batchspec_k", None)
-        if default is None:
-            return
-        for req_id in draft_token_ids.req_ids:
-            request = self.requests.get(req_id)
-            if request is not None and request.spec_token_ids:
-                k = request_k(request, default)
-                if len(request.spec_token_ids) > k:
-                    request.spec_token_ids = request.spec_token_ids[:k]
+        _keep_own_k(self, draft_token_ids.req_ids)
 
     return wrapped
 
 
 def _trimmed_placeholders(update: Any) -> Any:
+    """After the asynchronous scheduler gives each scheduled request placeholders for the
+    next step's drafts (the drafts are then cut to the placeholders' length by vLLM)."""
+
     @functools.wraps(update)
     def wrapped(self: Any, scheduler_output: Any) -> None:
         update(self, scheduler_output)
-        default = getattr(self, "batchspec_k", None)
-        if default is None:
-            return
-        for req_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests[req_id]
-            k = request_k(request, default)
-            if len(request.spec_token_ids) > k:
-                request.spec_token_ids = request.spec_token_ids[:k]
+        _keep_own_k(self, scheduler_output.num_scheduled_tokens)
 
     return wrapped
 
