@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from batchspec.spec_tree import EngineName
+    from batchspec.spec.tree import EngineName
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class RowResult:
 class UnitResult:
     """Every row of a unit, back from engine ``engine`` that ran it with ``method`` at K = ``k``.
 
-    ``engine`` (one of ``spec_tree.ENGINES``) is recorded in every row an engine saw, since
+    ``engine`` (one of ``spec.tree.ENGINES``) is recorded in every row an engine saw, since
     with ``engine: auto`` a rerun may switch engines; None only where no engine is known."""
 
     unit_requests: UnitRequests

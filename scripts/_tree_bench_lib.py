@@ -17,7 +17,7 @@ from batchspec.engines import open_engine
 from batchspec.measure.verify import build_requests, pick_rows, run_rows
 from batchspec.measure.verify_checks import DRIFT_FACTOR, compare_greedy, drift
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import TreeSpec
+from batchspec.spec.tree import TreeSpec
 from batchspec.units import RowRequest, RowResult, SpecStats
 
 

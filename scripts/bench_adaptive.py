@@ -75,7 +75,7 @@ def domain_rates(rows: pl.DataFrame) -> dict[str, float]:
 
 
 def main() -> None:
-    from batchspec.spec_file import load_spec
+    from batchspec.spec.file import load_spec
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_data.yaml"))

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from batchspec.io.layout import OutDir
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 from batchspec.speculation.estimator import Observation, expected_tokens
 from batchspec.speculation.policy import KPolicy
 from batchspec.units import WorkUnit

@@ -46,8 +46,8 @@ from batchspec.engines.tree.ngram import NgramDrafter  # noqa: E402
 from batchspec.io.layout import OutDir  # noqa: E402
 from batchspec.measure.distill import load_target, split  # noqa: E402
 from batchspec.measure.distill_data import Row, committed_rows  # noqa: E402
-from batchspec.spec_file import load_spec  # noqa: E402
-from batchspec.spec_tree import TreeShape  # noqa: E402
+from batchspec.spec.file import load_spec  # noqa: E402
+from batchspec.spec.tree import TreeShape  # noqa: E402
 from batchspec.units import RowRequest, WorkUnit  # noqa: E402
 
 

@@ -55,7 +55,7 @@ def subset(job: str, rows: int, path: Path) -> dict[str, int]:
     ``path``; returns the rows per domain."""
     import polars as pl
 
-    from batchspec.spec_file import load_spec
+    from batchspec.spec.file import load_spec
 
     spec = load_spec(job)
     dom, rid = spec.input.domain_column, spec.input.id_column
@@ -370,7 +370,7 @@ def main() -> None:
     if args.table:
         report(json.loads(args.table.read_text()))
         return
-    from batchspec.spec_file import load_spec
+    from batchspec.spec.file import load_spec
 
     grid = args.k_grid or ",".join(map(str, load_spec(args.job).speculative.k_grid))
     args.k_grid = sorted(int(k) for k in grid.split(","))

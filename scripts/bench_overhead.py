@@ -96,7 +96,7 @@ def batchspec_run(spec, out_dir: Path) -> tuple[float, int, list[str]]:
 
 
 def main() -> None:
-    from batchspec.spec_file import load_spec
+    from batchspec.spec.file import load_spec
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_data.yaml"))

@@ -41,7 +41,7 @@ import psutil
 import pyarrow.parquet as pq
 import yaml
 
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEATH_S = 30.0

@@ -88,7 +88,7 @@ def bench_batch(spec, tmp: Path, tuning: Path, route: dict, rounds: int) -> str:
 def main() -> None:
     import json
 
-    from batchspec.spec_file import load_spec
+    from batchspec.spec.file import load_spec
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_tree.yaml"))

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from batchspec.engines import open_engine  # noqa: E402
 from batchspec.io.inputs import row_seed  # noqa: E402
 from batchspec.measure.verify import build_requests, pick_rows, run_rows  # noqa: E402
-from batchspec.spec_file import load_spec  # noqa: E402
+from batchspec.spec.file import load_spec  # noqa: E402
 
 
 def main() -> int:

@@ -73,7 +73,7 @@ def step(args: argparse.Namespace) -> dict:
     from batchspec.io.reader import UnitReader, required_columns
     from batchspec.io.sources import Source
     from batchspec.spec import InputSpec
-    from batchspec.spec_sampling import SamplingSpec
+    from batchspec.spec.sampling import SamplingSpec
 
     work = Path(args.dir)
     spec = InputSpec(

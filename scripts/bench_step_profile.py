@@ -95,7 +95,7 @@ def main() -> None:
     args = parse()
     os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="profile-bench-")
     from batchspec.engines import ListSource, open_engine
-    from batchspec.spec_file import load_spec
+    from batchspec.spec.file import load_spec
 
     spec = load_spec(args.job, [f"sampling.max_tokens={args.max_tokens}"])
     ks = [int(k) for k in args.ks.split(",")]

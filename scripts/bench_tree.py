@@ -103,7 +103,7 @@ class Bench:
     """The sample, the job, and every tree-engine run kept for the identity check."""
 
     def __init__(self, args: argparse.Namespace):
-        from batchspec.spec_file import load_spec
+        from batchspec.spec.file import load_spec
 
         self.args = args
         self.spec = load_spec(args.job, [f"sampling.max_tokens={args.max_tokens}"])

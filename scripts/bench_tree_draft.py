@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from _tree_bench_lib import Run, identical, per_step, run, sample, variant  # noqa: E402
 
-from batchspec.spec_file import load_spec  # noqa: E402
+from batchspec.spec.file import load_spec  # noqa: E402
 
 
 def parse() -> argparse.Namespace:

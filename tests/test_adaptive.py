@@ -12,7 +12,7 @@ from conftest import DOMAINS, IN_PROCESS_ENGINE, SPECULATIVE_MEASURED, run_cli, 
 from support.replay_checks import assert_replay_exact
 
 from batchspec.io.layout import OutDir
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.tuning import (
     BatchTuning,

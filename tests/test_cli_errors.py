@@ -20,7 +20,7 @@ from batchspec.io.checks import preflight
 from batchspec.io.layout import OutDir
 from batchspec.io.manifest import claim_output_dir, make_manifest
 from batchspec.models import embedded_dir
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -159,7 +159,7 @@ def policy_with_rates(tmp_path, rates: dict[tuple[str, int], float], **per_domai
     from conftest import job_dict, write_job
 
     from batchspec.io.layout import OutDir
-    from batchspec.spec_file import load_spec
+    from batchspec.spec.file import load_spec
     from batchspec.speculation.policy import KPolicy
 
     job = job_dict(tmp_path / "out", speculative={"k_grid": [0, 1, 3], "per_domain": per_domain})

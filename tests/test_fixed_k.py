@@ -11,7 +11,7 @@ from conftest import job_dict, write_job
 
 from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy
 from batchspec.speculation.route import predicted_rate

@@ -14,7 +14,7 @@ import pyarrow as pa
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import Commit, PartWriter, output_schema
 from batchspec.observe.status import run_status
-from batchspec.spec_tree import VLLM
+from batchspec.spec.tree import VLLM
 from batchspec.speculation import shared
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.shared import SharedStats

@@ -24,8 +24,8 @@ from test_cli_errors import assert_user_error, cli
 
 from batchspec.io.checks import preflight
 from batchspec.io.inputs import PromptBuilder
-from batchspec.spec_file import load_spec
-from batchspec.spec_input import detect_format
+from batchspec.spec.file import load_spec
+from batchspec.spec.input import detect_format
 
 ROWS = pq.read_table(PROMPTS).slice(0, 24).to_pylist()
 """The shipped prompts (id, messages, domain, source ...), the first 24."""

@@ -23,7 +23,7 @@ from batchspec.io.layout import FANOUT, FANOUT_MARK, FLAT, OutDir, layout_for
 from batchspec.io.manifest import LEGACY, Manifest, check_bound, claim_output_dir, make_manifest
 from batchspec.io.planner import check_unique_ids, plan_units
 from batchspec.io.writer import Commit, PartWriter, output_schema
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
 from batchspec.work.indexes import DoneIndex
 from batchspec.work.runlog import write_job_record

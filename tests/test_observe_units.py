@@ -30,7 +30,7 @@ from batchspec.observe import scan
 from batchspec.observe.card import COLUMN_DOCS, type_name
 from batchspec.observe.export import export_dataset
 from batchspec.observe.scan import conform, scan_output, table_of
-from batchspec.spec_tree import VLLM
+from batchspec.spec.tree import VLLM
 from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult, WorkUnit
 from batchspec.work.leases import Leases
 from batchspec.work.live import LiveProgress

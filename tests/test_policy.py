@@ -15,7 +15,7 @@ from test_controller import policy_with_rates
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 from batchspec.speculation import policy as policy_module
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from batchspec.spec_tree import VLLM
+from batchspec.spec.tree import VLLM
 from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
 from batchspec.work.quarantine import Quarantine
 

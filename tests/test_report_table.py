@@ -13,7 +13,7 @@ import pytest
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import PartWriter, output_schema
 from batchspec.observe import report
-from batchspec.spec_tree import VLLM
+from batchspec.spec.tree import VLLM
 from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult, WorkUnit
 
 SCHEMA = output_schema(pa.string(), {})

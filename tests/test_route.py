@@ -14,8 +14,8 @@ from conftest import job_dict, run_cli, write_job
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
-from batchspec.spec_file import load_spec
-from batchspec.spec_tree import AUTO, ENGINES, TREE, VLLM, EngineChoice, EngineName, engines_of
+from batchspec.spec.file import load_spec
+from batchspec.spec.tree import AUTO, ENGINES, TREE, VLLM, EngineChoice, EngineName, engines_of
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy
 from batchspec.speculation.route import format_route, route_job, route_table, with_engine

@@ -25,9 +25,9 @@ from batchspec.io.planner import plan_units
 from batchspec.io.writer import logprob_lists, output_schema, unit_table
 from batchspec.observe.export import export_dataset
 from batchspec.spec import InputSpec
-from batchspec.spec_file import load_spec
-from batchspec.spec_sampling import SamplingSpec
-from batchspec.spec_tree import VLLM
+from batchspec.spec.file import load_spec
+from batchspec.spec.sampling import SamplingSpec
+from batchspec.spec.tree import VLLM
 from batchspec.units import RowResult, UnitResult
 
 

@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from batchspec.errors import UserError
 from batchspec.spec import OUTPUT_NEUTRAL, JobSpec
-from batchspec.spec_docs import reference, written_block
-from batchspec.spec_file import load_spec
+from batchspec.spec.docs import reference, written_block
+from batchspec.spec.file import load_spec
 from batchspec.units import SpecStats
 
 
@@ -230,7 +230,7 @@ def test_every_key_is_hashed_unless_declared_output_neutral(tmp_path: Path) -> N
 def test_spec_reference_page_is_generated_from_the_spec() -> None:
     page = (Path(__file__).parents[1] / "docs" / "spec.md").read_text()
     assert written_block(page) == reference(), (
-        "docs/spec.md is stale: python -m batchspec.spec_docs --write docs/spec.md"
+        "docs/spec.md is stale: python -m batchspec.spec.docs --write docs/spec.md"
     )
 
 
@@ -244,7 +244,7 @@ def test_a_key_given_twice_is_refused_at_any_depth(tmp_path: Path) -> None:
     """PyYAML keeps the last of two equal keys silently; a spec refuses them, naming the key
     and both lines, also in a flow mapping and a ``--set`` value. A merge (``<<``) may still
     override what it brings in."""
-    from batchspec.spec_file import load_yaml
+    from batchspec.spec.file import load_yaml
 
     with pytest.raises(UserError, match=r"^s: a\.b: given twice \(both on line 1\)"):
         load_yaml("a: {b: 1, b: 2}\n", "s")

@@ -15,8 +15,8 @@ from test_spec import error_of, load, spec_keys
 
 from batchspec.errors import UserError
 from batchspec.spec import JobSpec
-from batchspec.spec_file import load_spec
-from batchspec.spec_tree import TreeSpec
+from batchspec.spec.file import load_spec
+from batchspec.spec.tree import TreeSpec
 
 WRONG: dict[type, list[Any]] = {
     int: [True, "3", 3.0],

@@ -6,8 +6,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "batchspec"
+FIRST = ["spec"]
+"""Folders of the first layer, beside the top-level modules (units, errors, models): the job spec
+and plain data, which every later layer reads and which import from no later layer."""
 LAYERS = ["io", "engines", "speculation", "measure", "work", "cluster|observe", "cli"]
-"""Folders in the order data flows; top-level modules (spec, units, errors, models) come first.
+"""Folders in the order data flows; the first layer (``FIRST``, the top-level modules) comes first.
 A module may import its own layer and the ones before it, never a later one. ``measure``
 (``tune``, ``verify``) drives engines and uses the K model, so it comes after them; a run never
 needs it (it reads what ``tune`` measured through ``speculation.tuning``) and it needs nothing
@@ -15,10 +18,12 @@ of a run's claiming or writing, so it comes before ``work``, which may then not 
 
 
 def layer(module: str) -> int:
-    """0 for top-level modules, then 1.. for the folders in LAYERS order."""
+    """0 for top-level modules and FIRST, then 1.. for the folders in LAYERS order."""
     parts = module.split(".")
     if parts[-1] == "__main__":
         return len(LAYERS) + 1
+    if len(parts) > 1 and parts[1] in FIRST:
+        return 0
     for i, names in enumerate(LAYERS, 1):
         if parts[1] in names.split("|"):
             return i

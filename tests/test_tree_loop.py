@@ -30,7 +30,7 @@ from batchspec.engines.tree.load import Target, open_drafter
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.weights import convert, llama_config, random_weights
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import TREE
+from batchspec.spec.tree import TREE
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 
 VOCAB, CYCLE, MAX_LEN = 36, 6, 128

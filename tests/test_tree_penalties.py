@@ -8,7 +8,7 @@ import torch
 
 from batchspec.engines.tree.penalties import RowPenalties, active, open_penalties
 from batchspec.engines.tree.shape import DraftTree
-from batchspec.spec_sampling import SamplingSpec
+from batchspec.spec.sampling import SamplingSpec
 
 V = 7
 

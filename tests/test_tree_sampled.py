@@ -30,7 +30,7 @@ from batchspec.engines.tree.engine import TreeEngine
 from batchspec.engines.tree.load import Target
 from batchspec.engines.tree.rows import target_probs
 from batchspec.spec import JobSpec
-from batchspec.spec_sampling import SamplingSpec
+from batchspec.spec.sampling import SamplingSpec
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 
 V, EOS, MAX_TOKENS = 4, 3, 3

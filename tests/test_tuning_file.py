@@ -15,7 +15,7 @@ from test_cli_errors import assert_user_error, cli
 
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.tuning import TUNING_VERSION, read_tuning, write_tuning
 

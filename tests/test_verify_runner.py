@@ -12,7 +12,7 @@ from conftest import small_job
 
 from batchspec.errors import UserError
 from batchspec.measure import verify as verify_mod
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 from batchspec.units import RowResult
 
 

@@ -26,7 +26,7 @@ from batchspec.engines.vllm_live_k import (
     install,
     set_k,
 )
-from batchspec.spec_file import load_spec
+from batchspec.spec.file import load_spec
 
 
 def spec_of(tmp_path: Path, **speculative: object):

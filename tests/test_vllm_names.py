@@ -1,6 +1,6 @@
 """batchspec's copies of vLLM's names and rules, checked against the installed vLLM: the spec
 and ``validate`` use the copies so that no command imports vLLM to check a job
-(``batchspec.vllm_names``, ``batchspec.io.model_checks``)."""
+(``batchspec.spec.vllm_names``, ``batchspec.io.model_checks``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from batchspec.io import model_checks
 from batchspec.io.model_checks import has_mtp_layers, is_eagle_head, model_positions
-from batchspec.vllm_names import LLM_KEYWORDS, QUANTIZATION_METHODS, VLLM_VERSION
+from batchspec.spec.vllm_names import LLM_KEYWORDS, QUANTIZATION_METHODS, VLLM_VERSION
 
 FOUND = importlib.util.find_spec("vllm")
 if FOUND is None or FOUND.origin is None:
@@ -34,7 +34,7 @@ def test_llm_keywords_are_vllms() -> None:
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     theirs = own | fields
     missing, gone = sorted(theirs - LLM_KEYWORDS), sorted(LLM_KEYWORDS - theirs)
-    assert not missing and not gone, f"batchspec/vllm_names.py: add {missing}, drop {gone}"
+    assert not missing and not gone, f"batchspec/spec/vllm_names.py: add {missing}, drop {gone}"
 
 
 def test_quantization_methods_are_vllms() -> None:

@@ -10,7 +10,7 @@ from conftest import SPECULATIVE_MEASURED
 
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import RESULT_FIELDS, Commit, PartWriter, output_schema, unit_table
-from batchspec.spec_tree import TREE, VLLM, EngineName
+from batchspec.spec.tree import TREE, VLLM, EngineName
 from batchspec.units import RowRequest, RowResult, SpecStats, UnitRequests, UnitResult, WorkUnit
 
 UNIT = WorkUnit(0, "in.parquet", 0, 3, "code", 3)

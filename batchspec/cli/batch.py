@@ -81,7 +81,7 @@ def batch_job(
     from pydantic import ValidationError
 
     from batchspec.spec import JobSpec
-    from batchspec.spec_file import format_validation_error, parse_override
+    from batchspec.spec.file import format_validation_error, parse_override
 
     job, base = _job_file(job_path)
     source = f"--job {job_path}" if job_path else "run-batch"
@@ -118,7 +118,7 @@ def _job_file(job_path: str | None) -> tuple[dict[str, Any], Path]:
     which its relative paths are relative to; none: an empty job, paths relative to here."""
     if job_path is None:
         return {}, Path.cwd()
-    from batchspec.spec_file import load_yaml
+    from batchspec.spec.file import load_yaml
 
     path = Path(job_path)
     try:

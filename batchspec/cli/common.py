@@ -36,7 +36,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def load_job(job: str, overrides: tuple[str, ...], output: str | None) -> JobSpec:
-    from batchspec.spec_file import load_spec
+    from batchspec.spec.file import load_spec
 
     items = list(overrides)
     if output is not None:

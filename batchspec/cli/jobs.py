@@ -175,7 +175,7 @@ def validate(job: str, limit: int | None, overrides: tuple[str, ...]) -> None:
 def _engine_line(spec: JobSpec, pre: Preflight, routed: JobSpec) -> str:
     """Which engine serves the job (``routed``: on the engine ``check_run`` routed it to),
     with what: ``validate``'s answer."""
-    from batchspec.spec_tree import AUTO, TREE, VLLM
+    from batchspec.spec.tree import AUTO, TREE, VLLM
 
     s = spec.speculative
     if s.method == "none":

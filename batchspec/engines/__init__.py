@@ -12,7 +12,7 @@ from collections.abc import Callable
 from batchspec.engines.base import Engine, EngineFailure, ListSource, UnitSource
 from batchspec.engines.procs import StartAborted, abortable_start
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import AUTO, TREE
+from batchspec.spec.tree import AUTO, TREE
 
 __all__ = ["Engine", "EngineFailure", "ListSource", "StartAborted", "UnitSource", "open_engine"]
 

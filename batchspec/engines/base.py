@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from batchspec.spec_tree import EngineName
+from batchspec.spec.tree import EngineName
 from batchspec.units import UnitRequests, UnitResult
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class Engine(Protocol):
     """An engine up and ready, for one speculative setting."""
 
     name: EngineName
-    """Which engine it is (one of ``spec_tree.ENGINES``): recorded in every row it ran."""
+    """Which engine it is (one of ``spec.tree.ENGINES``): recorded in every row it ran."""
     k: int
     """Speculative tokens per step it was built with; 0 = no speculation."""
     k_per_unit: bool

@@ -14,7 +14,7 @@ import psutil
 
 from batchspec.models import resolve_model
 from batchspec.spec import JobSpec
-from batchspec.spec_sampling import SamplingSpec
+from batchspec.spec.sampling import SamplingSpec
 
 CPU_MEMORY_FRACTION = 0.3
 """The CPU build reads gpu_memory_utilization as a fraction of host memory; vLLM's 0.92 does

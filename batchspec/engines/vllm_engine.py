@@ -35,7 +35,7 @@ from batchspec.engines.vllm_batch import Batch
 from batchspec.engines.vllm_live_k import KEY, set_k
 from batchspec.engines.vllm_step_feed import job_step_costs, watch_steps
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import VLLM, EngineName
+from batchspec.spec.tree import VLLM, EngineName
 from batchspec.units import RowRequest, UnitRequests, UnitResult
 
 CLOSE_S = 60.0

@@ -31,8 +31,8 @@ from batchspec.io.sources import Source, input_sources
 from batchspec.io.writer import RESERVED
 from batchspec.models import BUILTIN_PREFIX, load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
-from batchspec.spec_sampling import TREE_UNSUPPORTED
-from batchspec.spec_tree import TREE, VLLM
+from batchspec.spec.sampling import TREE_UNSUPPORTED
+from batchspec.spec.tree import TREE, VLLM
 from batchspec.units import WorkUnit
 
 # Texts a draft and its target must encode identically: prose, code, digits, non-ASCII.

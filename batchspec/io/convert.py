@@ -39,7 +39,7 @@ from batchspec.io.sources import Source
 from batchspec.io.staging import build_once
 from batchspec.io.temps import FileLock
 from batchspec.spec import InputSpec
-from batchspec.spec_sampling import SamplingSpec
+from batchspec.spec.sampling import SamplingSpec
 
 CONVERT_VERSION = 1
 """Bumped when a staged copy's content changes for the same input: older copies are not read."""

@@ -19,7 +19,7 @@ from batchspec.errors import UserError
 from batchspec.io.convert import ERROR, SETTINGS, STAGED_EXTRA
 from batchspec.io.reader import UnitReader, required_columns
 from batchspec.spec import InputSpec
-from batchspec.spec_sampling import SamplingSpec
+from batchspec.spec.sampling import SamplingSpec
 from batchspec.units import RowRequest, UnitRequests, WorkUnit
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})

@@ -19,7 +19,7 @@ from typing import Any
 
 from batchspec.errors import UserError
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import TREE
+from batchspec.spec.tree import TREE
 
 POSITION_KEYS = (
     "max_position_embeddings",

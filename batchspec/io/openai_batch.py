@@ -11,7 +11,7 @@ the job's engine cannot apply losslessly. The fields it honours become the row's
 settings (``FIELDS``), checked against the job's ``sampling`` section when the row is built
 (``request_settings``), so a value out of range names its field too.
 
-Staged columns (``OPENAI_BATCH`` in ``spec_input.py``): ``custom_id``, ``url``, ``messages``
+Staged columns (``OPENAI_BATCH`` in ``spec/input.py``): ``custom_id``, ``url``, ``messages``
 (chat), ``prompt`` (completions: raw text, no chat template, as vLLM's ``/v1/completions``),
 the settings as JSON, the error, the line.
 """
@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from batchspec.errors import UserError
 from batchspec.io.convert import ERROR, LINE, SETTINGS
 from batchspec.io.jsonl_rows import MESSAGES_TYPE, chat_messages, decode_line
-from batchspec.spec_sampling import MAX_SEED, SamplingSpec
+from batchspec.spec.sampling import MAX_SEED, SamplingSpec
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 FIELDS = {

@@ -19,7 +19,7 @@ from batchspec.io.convert import STAGED_EXTRA
 from batchspec.io.layout import OutDir
 from batchspec.io.staging import ROW, StagedCopy, needs_staging, stage_file, staged_name
 from batchspec.spec import InputSpec
-from batchspec.spec_sampling import SamplingSpec
+from batchspec.spec.sampling import SamplingSpec
 from batchspec.units import WorkUnit
 
 

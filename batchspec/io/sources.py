@@ -20,7 +20,7 @@ from typing import Any
 
 from batchspec.errors import UserError
 from batchspec.spec import JobSpec
-from batchspec.spec_input import JSONL_SUFFIXES
+from batchspec.spec.input import JSONL_SUFFIXES
 
 SPLIT_NAMES = ("train", "test", "validation", "valid", "dev", "eval")
 """Split names recognised in a Hub-style folder's paths (the ones ``datasets`` looks for)."""

@@ -26,7 +26,7 @@ from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures
 from batchspec.engines.tree.eagle_head import EagleHead
 from batchspec.engines.tree.model import rms_norm
 from batchspec.engines.tree.ngram import NgramDrafter
-from batchspec.spec_tree import TreeShape
+from batchspec.spec.tree import TreeShape
 
 DEPTHS = 3
 """Training-time-test depths (EAGLE-3 trains 7 on GPUs; 3 here keeps a CPU epoch short)."""

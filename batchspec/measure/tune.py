@@ -24,7 +24,7 @@ from batchspec.io.checks import preflight
 from batchspec.io.inputs import PromptBuilder
 from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import AUTO, engines_of
+from batchspec.spec.tree import AUTO, engines_of
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.route import format_route, route_table, with_engine

@@ -33,7 +33,7 @@ from batchspec.measure.tune import sample_units
 from batchspec.measure.verify_checks import greedy_check, sampled_check
 from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import VLLM
+from batchspec.spec.tree import VLLM
 from batchspec.speculation.route import route_job
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 

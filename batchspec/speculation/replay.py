@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import TREE
+from batchspec.spec.tree import TREE
 from batchspec.units import RowResult
 
 VLLM_DEFAULT_LOOKUP = 5

@@ -17,7 +17,7 @@ import math
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import AUTO, ENGINES, TREE, VLLM
+from batchspec.spec.tree import AUTO, ENGINES, TREE, VLLM
 from batchspec.speculation.tuning import (
     BatchTuning,
     EngineTuning,

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, ValidationError
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
-from batchspec.spec_tree import AUTO, VLLM, EngineName, engines_of
+from batchspec.spec.tree import AUTO, VLLM, EngineName, engines_of
 from batchspec.speculation.estimator import Observation
 
 TUNING_VERSION = 1

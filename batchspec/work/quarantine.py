@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from batchspec.spec_tree import EngineName
+from batchspec.spec.tree import EngineName
 from batchspec.units import RowResult, UnitRequests, UnitResult
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from batchspec.engines.tree.shape import DraftTree
-from batchspec.spec_tree import TreeShape
+from batchspec.spec.tree import TreeShape
 
 
 @dataclass(frozen=True)

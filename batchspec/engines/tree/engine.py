@@ -42,8 +42,8 @@ from batchspec.engines.tree.profile import StepProfile, load_or_measure
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.spec import JobSpec
-from batchspec.spec_sampling import SamplingSpec
-from batchspec.spec_tree import TREE, EngineName
+from batchspec.spec.sampling import SamplingSpec
+from batchspec.spec.tree import TREE, EngineName
 from batchspec.units import RowResult, UnitRequests, UnitResult
 
 

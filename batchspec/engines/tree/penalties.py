@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from batchspec.engines.tree.shape import DraftTree
-from batchspec.spec_sampling import SamplingSpec
+from batchspec.spec.sampling import SamplingSpec
 
 
 def active(s: SamplingSpec) -> bool:

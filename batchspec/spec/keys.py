@@ -8,7 +8,7 @@ import difflib
 import re
 from typing import Any
 
-from batchspec.vllm_names import LLM_KEYWORDS, QUANTIZATION_METHODS, VLLM_VERSION
+from batchspec.spec.vllm_names import LLM_KEYWORDS, QUANTIZATION_METHODS, VLLM_VERSION
 
 OUTPUT_NEUTRAL: frozenset[str] = frozenset(
     {

@@ -1,10 +1,10 @@
 """The job-spec reference, generated from the spec's own field descriptions.
 
 The job-spec reference (``docs/spec.md``) is this module's output, between two markers, so a
-key's documentation lives in one place (its ``Field`` in ``spec.py``) and a test fails when the
-page and the code disagree. Regenerate after changing a field::
+key's documentation lives in one place (its ``Field`` in its section's module) and a test fails
+when the page and the code disagree. Regenerate after changing a field::
 
-    python -m batchspec.spec_docs --write docs/spec.md
+    python -m batchspec.spec.docs --write docs/spec.md
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from batchspec.spec import OUTPUT_NEUTRAL, JobSpec
+from batchspec.spec.job import JobSpec
+from batchspec.spec.keys import OUTPUT_NEUTRAL
 
 BEGIN = (
-    "<!-- spec-reference: generated from batchspec/spec.py by "
-    "`python -m batchspec.spec_docs --write docs/spec.md` -->"
+    "<!-- spec-reference: generated from batchspec/spec/ by "
+    "`python -m batchspec.spec.docs --write docs/spec.md` -->"
 )
 END = "<!-- /spec-reference -->"
 PAGES = {
@@ -34,7 +35,7 @@ PAGES = {
     "Inputs and outputs": "inputs-outputs.md",
 }
 """Pages of ``docs/`` that field descriptions point to as ``*Title*``: linked in the reference,
-so a description stays plain text in ``spec.py`` and a link on the page."""
+so a description stays plain text in its module and a link on the page."""
 
 
 def _default(info: FieldInfo) -> str:

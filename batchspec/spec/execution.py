@@ -1,12 +1,12 @@
 """The job's ``execution`` section, in a module of its own: how workers cooperate (leases,
 heartbeats, retries, lingering, stalls, shutdown). None of it changes which rows are generated,
-so the whole section is left out of the content hash (``spec_keys.OUTPUT_NEUTRAL``)."""
+so the whole section is left out of the content hash (``keys.OUTPUT_NEUTRAL``)."""
 
 from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from batchspec.spec_base import _Section
+from batchspec.spec.base import _Section
 
 
 class ExecutionSpec(_Section):

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from batchspec.spec_base import _Section
+from batchspec.spec.base import _Section
 
 VLLM: Final = "vllm"
 """vLLM's engine (``engines/vllm_engine``): chains, every speculative method, tensor

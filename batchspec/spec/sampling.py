@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from batchspec.spec_base import _Section, _shown
-from batchspec.spec_keys import no_empty_stop
+from batchspec.spec.base import _Section, _shown
+from batchspec.spec.keys import no_empty_stop
 
 COLUMN_SETTINGS = (
     "max_tokens",

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from batchspec.spec_base import _Section, _shown
-from batchspec.spec_keys import listed_once
+from batchspec.spec.base import _Section, _shown
+from batchspec.spec.keys import listed_once
 
 InputFormat = Literal["auto", "parquet", "jsonl", "openai-batch", "hf"]
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from batchspec.errors import UserError
-from batchspec.spec import JobSpec
+from batchspec.spec.job import JobSpec
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
