@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 from test_writer import SCHEMA, UNIT, request, result_of
 
-from batchspec.io.layout import OutDir, host_tag
+from batchspec.io.layout import OutDir
 from batchspec.io.manifest import Manifest, claim_output_dir
-from batchspec.io.temps import clean_stale_temps
+from batchspec.io.temps import clean_stale_temps, host_tag
 from batchspec.io.writer import Commit, PartWriter
 from batchspec.units import RowResult
 

@@ -36,8 +36,7 @@ such a directory before any write (``Manifest(**json)`` raises on the new keys: 
 manifest", exit 2). A legacy manifest (no record) keeps the old rule: ``parts/.fanout`` marks
 the layout, chosen by the first run (``choose_layout``), and both layouts are listed.
 
-Files being written are dot-named temporaries beside their final name (``temp_name``), carrying
-the writer's host and pid, so that one left behind by a kill can be told from one still in use.
+Files being written are dot-named temporaries beside their final name (``temps.temp_name``).
 """
 
 from __future__ import annotations
@@ -46,14 +45,11 @@ import contextlib
 import hashlib
 import os
 import re
-import socket
-import uuid
 from pathlib import Path
 
 PART_SUFFIX = ".parquet"
 LEASE_SUFFIX = ".lease"
 HEARTBEAT_SUFFIX = ".progress.json"
-TEMP_SUFFIX = ".tmp"
 FANOUT_MARK = ".fanout"  # a fanned-out parts/ in a legacy directory (no recorded layout)
 FLAT, FANOUT = "flat", "fanout"
 FANOUT_UNITS = 4096
@@ -80,11 +76,6 @@ def layout_for(num_units: int) -> str:
     return FANOUT if num_units >= FANOUT_UNITS else FLAT
 
 
-def host_tag() -> str:
-    """This host's name as it appears in temporary names (no dots: names split on them)."""
-    return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
-
-
 def _listing(folder: Path) -> list[str]:
     """A directory's names, sorted; none if it is missing (one readdir, no stat: the
     summary's writer lists leases/ and progress/ at every pass)."""
@@ -92,26 +83,6 @@ def _listing(folder: Path) -> list[str]:
         return sorted(os.listdir(folder))
     except FileNotFoundError:
         return []
-
-
-def temp_name(final: Path) -> Path:
-    """A fresh temporary beside ``final``: ``.<name>.<host>.<pid>.<random>.tmp``."""
-    token = f"{host_tag()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
-    return final.parent / f".{final.name}.{token}{TEMP_SUFFIX}"
-
-
-def temp_owner(path: Path) -> tuple[str, int] | None:
-    """(host, pid) of the process that made a temporary named by ``temp_name``."""
-    if not (path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX)):
-        return None
-    parts = path.name[: -len(TEMP_SUFFIX)].rsplit(".", 3)
-    if len(parts) != 4 or not parts[2].isdigit():
-        return None
-    return parts[1], int(parts[2])
-
-
-def on_this_host(host: str) -> bool:
-    return host == host_tag()
 
 
 def create_mark(path: Path) -> None:

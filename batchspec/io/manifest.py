@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 
 from batchspec import __version__
 from batchspec.errors import UserError
-from batchspec.io.layout import FANOUT, FLAT, OutDir, layout_for, temp_name
+from batchspec.io.layout import FANOUT, FLAT, OutDir, layout_for
 from batchspec.io.planner import check_unique_ids
-from batchspec.io.temps import fsync_dir, write_synced
+from batchspec.io.temps import fsync_dir, temp_name, write_synced
 from batchspec.spec import JobSpec
 from batchspec.units import WorkUnit
 

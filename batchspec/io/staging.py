@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchspec.io.layout import OutDir, temp_name
-from batchspec.io.temps import FileLock, fsync_dir
+from batchspec.io.layout import OutDir
+from batchspec.io.temps import FileLock, fsync_dir, temp_name
 
 STAGE_FACTOR = 4
 """A file is staged when one of its row groups holds more than this many units' rows: reading

@@ -1,8 +1,9 @@
 """Temporaries and locks in the output directory: written whole, then renamed; cleaned once dead.
 
 Everything a worker writes for others to read (parts, the manifest, staged inputs) is written
-under a temporary name first (``layout.temp_name``: the writer's host and pid are in the name)
-and renamed into place. A worker killed with -9 leaves its temporaries behind; they are removed
+under a dot-named temporary beside its final name first (``temp_name``: the writer's host and
+pid are in the name, so that one left behind by a kill can be told from one still in use) and
+renamed into place. A worker killed with -9 leaves its temporaries behind; they are removed
 by the next run on the same host, once their writer is provably gone (its pid dead): a live
 writer's temporary is never touched, however long it pauses.
 """
@@ -14,13 +15,45 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
+import socket
 import time
 import uuid
 from pathlib import Path
 
 from batchspec.errors import UserError
-from batchspec.io.layout import OutDir, host_tag, on_this_host, temp_owner
+from batchspec.io.layout import OutDir
+
+TEMP_SUFFIX = ".tmp"
+"""How a temporary's name ends (it starts with a dot: readers listing a folder skip it)."""
+
+
+def host_tag() -> str:
+    """This host's name as it appears in temporary names (no dots: names split on them)."""
+    return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+
+
+def temp_name(final: Path) -> Path:
+    """A fresh temporary beside ``final``: ``.<name>.<host>.<pid>.<random>.tmp``."""
+    token = f"{host_tag()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+    return final.parent / f".{final.name}.{token}{TEMP_SUFFIX}"
+
+
+def temp_owner(path: Path) -> tuple[str, int] | None:
+    """(host, pid) of the process that made a temporary named by ``temp_name``."""
+    if not (path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX)):
+        return None
+    parts = path.name[: -len(TEMP_SUFFIX)].rsplit(".", 3)
+    if len(parts) != 4 or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
+
+
+def on_this_host(host: str) -> bool:
+    """Whether a host named in a temporary (or a lock) is this one: only there can its
+    writer's pid be checked."""
+    return host == host_tag()
 
 
 def pid_alive(pid: int) -> bool:

@@ -21,8 +21,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchspec.io.layout import OutDir, temp_name
-from batchspec.io.temps import fsync_dir, link_new
+from batchspec.io.layout import OutDir
+from batchspec.io.temps import fsync_dir, link_new, temp_name
 from batchspec.units import RowResult, SpecStats, UnitResult
 
 # Columns every output has after id, domain and the pass-through columns (README: Output schema).

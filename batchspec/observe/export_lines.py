@@ -27,7 +27,8 @@ from typing import IO, Any
 import pyarrow as pa
 
 from batchspec.errors import UserError
-from batchspec.io.layout import OutDir, temp_name
+from batchspec.io.layout import OutDir
+from batchspec.io.temps import temp_name
 from batchspec.observe.columns import DEFAULT, TIMINGS, kept_for, span
 from batchspec.observe.ordering import dataset_columns, ordered_chunks
 from batchspec.observe.record import check_finished, load_job_record, planned_units

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchspec.errors import UserError
-from batchspec.io.layout import temp_name
+from batchspec.io.temps import temp_name
 
 MAX_GROUP_ROWS = 100_000
 

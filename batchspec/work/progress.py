@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from batchspec.io.layout import OutDir, temp_name
+from batchspec.io.layout import OutDir
+from batchspec.io.temps import temp_name
 from batchspec.units import UnitRequests, UnitResult
 
 if TYPE_CHECKING:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from batchspec.engines.procs import die_with_parent
-from batchspec.io.layout import OutDir, temp_name
+from batchspec.io.layout import OutDir
+from batchspec.io.temps import temp_name
 from batchspec.spec import JobSpec
 
 RUN_ID_ENV = "BATCHSPEC_RUN_ID"
