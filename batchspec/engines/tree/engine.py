@@ -35,6 +35,7 @@ import torch
 from batchspec.engines import planted
 from batchspec.engines.base import EngineFailure, UnitSource
 from batchspec.engines.tree.accept import Draws, TorchDraws, accept_greedy, accept_sampled
+from batchspec.engines.tree.admit import OpenUnit, Prompts, open_unit
 from batchspec.engines.tree.drafting import Ask, ask_for
 from batchspec.engines.tree.load import Target, load_target, max_k, open_drafter
 from batchspec.engines.tree.penalties import open_penalties
@@ -44,16 +45,7 @@ from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.spec import JobSpec
 from batchspec.spec.sampling import SamplingSpec
 from batchspec.spec.tree import TREE, EngineName
-from batchspec.units import RowResult, UnitRequests, UnitResult
-
-
-class _Open:
-    """A unit in flight: its results so far and how many rows are still decoding."""
-
-    def __init__(self, unit: UnitRequests):
-        self.unit = unit
-        self.results: list[RowResult | None] = [None] * len(unit.rows)
-        self.left = 0
+from batchspec.units import UnitRequests, UnitResult
 
 
 class TreeEngine:
@@ -83,8 +75,7 @@ class TreeEngine:
         self.free = list(range(spec.model.max_num_seqs))
         """Free slots, a heap: rows take the lowest, so rows in flight stay adjacent (cheap)."""
         self.rows: list[TreeRow] = []
-        self.by_prompt: dict[int, TreeRow] = {}
-        """A row in flight per prompt (by hash), whose cached prompt a new row may copy."""
+        self.prompts = Prompts(self.model, self._drafts)
         self.rng = self._generator(spec.model.seed)
         """Rows without a seed of their own draw from this one, in the order they step."""
         self.planted = planted.planted_on()
@@ -124,8 +115,8 @@ class TreeEngine:
 
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
         """``base.Engine.run``: rows join the batch as slots free up, across unit boundaries."""
-        opened: list[_Open] = []
-        waiting: deque[tuple[_Open, int]] = deque()
+        opened: list[OpenUnit] = []
+        waiting: deque[tuple[OpenUnit, int]] = deque()
         try:
             while not should_abort():
                 while self.free and (waiting or self._pull(source, opened, waiting)):
@@ -151,27 +142,16 @@ class TreeEngine:
             self.drafter.release(slot)
         heapq.heappush(self.free, slot)
 
-    def _pull(self, source: UnitSource, opened: list[_Open], waiting: deque) -> bool:
+    def _pull(self, source: UnitSource, opened: list[OpenUnit], waiting: deque) -> bool:
         unit = source.next_unit()
         if unit is None:
             return False
-        k = self.unit_k(unit)
-        if not 0 <= k <= self.k_cap or (k > 0 and self.drafter is None):
-            raise ValueError(
-                f"unit {unit.unit.unit_id} asks for K={k}; this engine takes 0"
-                + (f" to {self.k_cap}" if self.drafter is not None else " only")
-            )
-        entry = _Open(unit)
+        entry, rows = open_unit(unit, self.unit_k(unit), self.k_cap, self.drafter is not None)
         opened.append(entry)
-        for i, req in enumerate(unit.rows):
-            if req.error is not None:
-                entry.results[i] = RowResult(req, error=req.error)
-            else:
-                entry.left += 1
-                waiting.append((entry, i))
+        waiting.extend((entry, i) for i in rows)
         return True
 
-    def _start(self, owner: _Open, index: int) -> None:
+    def _start(self, owner: OpenUnit, index: int) -> None:
         """Prefill a row into a free slot and sample its first token plainly."""
         req = owner.unit.rows[index]
         prompt = list(req.prompt_token_ids or [])
@@ -209,21 +189,10 @@ class TreeEngine:
             self._finish(row)
 
     def _prefill(self, row: TreeRow, prompt: list[int]) -> torch.Tensor:
-        """The prompt's KV into the row's slot and its last logits; a prompt that a row in
-        flight already has (n samples of one prompt) is copied from that row's slot."""
-        key = hash(tuple(prompt))
-        twin = self.by_prompt.get(key)
-        same = twin is not None and twin.req.prompt_token_ids == prompt and twin in self.rows
-        # A drafting row copies only a drafting twin: the drafter's state of the prompt (an
-        # EAGLE head's features of every position) comes from a computed prefill or the twin's.
-        if same and (self._drafts(twin) or not self._drafts(row)):
-            self.model.share_prefix(twin.slot, row.slot, len(prompt))
-            self.shared_prefills += 1
-            row.prefill_logits = twin.prefill_logits
-        else:
-            twin = None
-            row.prefill_logits = self.model.prefill(row.slot, prompt)
-            self.by_prompt[key] = row
+        """The prompt's KV into the row's slot and its last logits (``admit.Prompts``: a
+        prompt a row in flight has is copied); the drafter started on it."""
+        twin = self.prompts.prefill(row, prompt, self.rows)
+        self.shared_prefills += twin is not None
         if self._drafts(row):
             self.drafter.start(row.slot, prompt, twin.slot if twin is not None else None)
         return row.prefill_logits
@@ -323,9 +292,7 @@ class TreeEngine:
 
     def _finish(self, row: TreeRow) -> None:
         self.rows.remove(row)
-        key = hash(tuple(row.req.prompt_token_ids or []))
-        if self.by_prompt.get(key) is row:
-            del self.by_prompt[key]
+        self.prompts.forget(row)
         self._release(row.slot)
         if self.stops.stop:
             row.text = self.stops.text(row.out)
@@ -335,7 +302,7 @@ class TreeEngine:
         owner.unit.finished += 1
         owner.unit.finished_tokens += len(row.out)
 
-    def _finished(self, opened: list[_Open]) -> Iterator[UnitResult]:
+    def _finished(self, opened: list[OpenUnit]) -> Iterator[UnitResult]:
         for entry in [e for e in opened if e.left == 0]:
             opened.remove(entry)
             k = self.unit_k(entry.unit)
