@@ -28,6 +28,7 @@ from batchspec.engines.tree.engine import TreeEngine
 from batchspec.engines.tree.hybrid import NgramFirst
 from batchspec.engines.tree.load import Target, open_drafter
 from batchspec.engines.tree.model import TreeModel
+from batchspec.engines.tree.suffix import SuffixDrafter
 from batchspec.engines.tree.weights import convert, llama_config, random_weights
 from batchspec.spec import JobSpec
 from batchspec.spec.tree import TREE
@@ -38,6 +39,7 @@ NGRAM = {"num_speculative_tokens": 4, "adaptive": False, "tree": {"max_depth": 4
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 4, "adaptive": False}
 DRAFT["tree"] = {"max_depth": 3, "draft_layers": [0]}
 NGRAM_FIRST = {**DRAFT, "tree": {**DRAFT["tree"], "ngram_first": True}}
+SUFFIX = {**NGRAM, "method": "suffix"}
 TINY = {
     "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
     "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": VOCAB,
@@ -45,14 +47,7 @@ TINY = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Matrices of a few dozen rows: a second thread only waits (the suite runs a test file
-    per core)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # matrices this small: one thread
 
 
 def nxt(token: int) -> int:
@@ -268,3 +263,27 @@ print(len(os.sched_getaffinity(0)))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     *threads, cores = map(int, out.stdout.split())
     assert threads == [1, cores, cores, cores], out.stderr
+
+
+def test_suffix_trees_are_plain_decoding_and_replay_against_earlier_rows_gives_their_counts():
+    """``method: suffix`` at batch 1 (each row drafts from the rows finished before it): rows
+    identical to K=0's, more accepted than the row's own n-gram trie alone (the rows share
+    the model's cycles), and each row replayed against a drafter that learned the rows before
+    it counts what the engine counted step by step."""
+    rows = random_prompts(6, 10, seed=2)
+    torch.manual_seed(0)
+    model = cycle_model(1, noise=0.1)
+    plain = run(engine(model, 0, SUFFIX, {7}), rows)
+    eng = engine(model, 4, SUFFIX, {7})
+    tree = run(eng, rows)
+    same_rows(plain, tree)
+    alone = run(engine(model, 4, NGRAM, {7}), rows)
+    assert sum(r.spec.accepted for r in tree) > sum(r.spec.accepted for r in alone)
+    drafter = open_drafter(eng.spec, 4, model)
+    assert isinstance(drafter, SuffixDrafter)
+    for r in tree:
+        got = replay(
+            drafter, r.request.prompt_token_ids, r.token_ids, 4, eng.spec.speculative.tree, 40
+        )
+        assert counts(r) == (sum(got.nodes), tuple(got.depth), tuple(got.accepted))
+        drafter.learn(r.request.domain, r.token_ids)

@@ -237,10 +237,11 @@ def is_eagle_head(config: dict[str, Any]) -> bool:
 
 def check_draft(spec: JobSpec, target: Path, draft: Path | None) -> None:
     """``mtp`` needs MTP layers (in the draft, else the target); ``eagle`` and ``eagle3`` a
-    head, not a model (the tree engine: a head in the speculators format); ``suffix`` the
-    Arctic Inference package, which vLLM imports only when its engine starts."""
+    head, not a model (the tree engine: a head in the speculators format); ``suffix`` on vLLM
+    the Arctic Inference package, which vLLM imports only when its engine starts."""
     s = spec.speculative
-    if s.method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
+    arctic = s.method == "suffix" and s.engine != TREE
+    if arctic and importlib.util.find_spec("arctic_inference") is None:
         raise UserError(
             "speculative.method: suffix needs Arctic Inference, which is not installed here "
             "(bash scripts/setup_suffix.sh builds it)"

@@ -119,12 +119,12 @@ class TreeSpec(TreeShape):
         return v
 
     def check_method(self, method: str, model: str | None) -> None:
-        """The tree engine drafts with n-grams, a draft model (``model``, else the target's
-        own ``draft_layers``) or an EAGLE-3 head (``model``, ``batchspec distill``); other
-        methods run on vLLM."""
-        if method not in ("ngram", "draft_model", "eagle3", "none"):
+        """The tree engine drafts with n-grams, n-grams and the job's earlier outputs
+        (``suffix``), a draft model (``model``, else the target's own ``draft_layers``) or an
+        EAGLE-3 head (``model``, ``batchspec distill``); other methods run on vLLM."""
+        if method not in ("ngram", "suffix", "draft_model", "eagle3", "none"):
             raise ValueError(
-                f"tree: the tree engine drafts with ngram, draft_model or eagle3; method "
+                f"tree: the tree engine drafts with ngram, suffix, draft_model or eagle3; method "
                 f"{method} runs on vLLM, in chains (engine: vllm, no tree key)"
             )
         if method == "eagle3" and not model:
@@ -193,7 +193,7 @@ def check_speculative(s: Any) -> Any:
         raise ValueError(f"method {s.method} needs speculative.model (the draft)")
     if s.k_by_batch_size is not None:
         check_schedule(s)
-    ngrams = s.method == "ngram" or (s.tree is not None and s.tree.ngram_first)
+    ngrams = s.method in ("ngram", "suffix") or (s.tree is not None and s.tree.ngram_first)
     if ngrams and (s.prompt_lookup_min or 1) > (s.prompt_lookup_max or s.prompt_lookup_min or 1):
         raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
     return s

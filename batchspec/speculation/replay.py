@@ -10,12 +10,16 @@ accepted (one-hot acceptance), so at the K that ran the counts are again the rea
 other K the match rate is an unbiased estimate of acceptance (the indicator "sampled token =
 draft token" has expectation p(draft)).
 
-Two drafters are replayed: vLLM 0.32's n-gram proposer (``vllm/v1/spec_decode/
+Three drafters are replayed: vLLM 0.32's n-gram proposer (``vllm/v1/spec_decode/
 ngram_proposer.py``: the longest suffix of ``prompt_lookup_min..max`` tokens that occurred
 before, its earliest occurrence, the K tokens after it), and the tree engine's n-gram trees
-(``engines.tree.drafting.replay`` with the job's tree shape at each K). Drafts that need a
-model (vLLM's draft model, EAGLE, MTP, suffix decoding; the tree engine's draft-model trees)
-are not replayed: their rows carry no replay, and the controller measures those K instead.
+and suffix trees (``engines.tree.drafting.replay`` with the job's tree shape at each K). Suffix
+trees also draft from the domain's earlier outputs, which the replay learns in the order it
+sees rows (unit by unit), not the engine's (row by row, as each finished): its counts are an
+after-the-fact estimate, and the run log's replay check says how often they equal the
+engine's. Drafts that need a model or Arctic Inference (vLLM's draft model, EAGLE, MTP, suffix
+decoding; the tree engine's draft-model trees) are not replayed: their rows carry no replay,
+and the controller measures those K instead.
 
 One caveat on vLLM: it counts draft tokens accepted past a row's end (an EOS or ``max_tokens``
 inside an accepted draft; its sampler accepts before the stop check truncates the output),
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchspec.spec import JobSpec
 from batchspec.spec.tree import TREE
@@ -112,10 +117,14 @@ class Replayer:
     open_end: set[int] = field(default_factory=set)
     """The K at which the last row's final draft outran the row's end (vLLM n-gram only):
     there vLLM's own count may exceed the replay's."""
+    suffix: Any = None
+    """``method: suffix`` on the tree engine: the ``SuffixDrafter`` replayed, whose domain
+    indexes learn each row after it is replayed (made on the first row)."""
 
     @property
     def supported(self) -> bool:
-        return self.spec.speculative.method == "ngram"
+        method = self.spec.speculative.method
+        return method == "ngram" or (method == "suffix" and self.engine == TREE)
 
     def row(self, r: RowResult) -> list[int] | None:
         """Accepted draft tokens per K of the grid for one finished row; None for an error
@@ -125,7 +134,10 @@ class Replayer:
         if not self.supported or r.error is not None or not prompt or not out:
             return None
         if self.engine == TREE:
-            return [self._tree(prompt, out, r.request.domain, k) for k in self.grid]
+            got = [self._tree(prompt, out, r.request.domain, k) for k in self.grid]
+            if self.suffix is not None:
+                self.suffix.learn(r.request.domain, out)
+            return got
         s = self.spec.speculative
         lo, hi = vllm_lookup(s.prompt_lookup_min, s.prompt_lookup_max)
         tokens = [*prompt, *out]
@@ -144,12 +156,17 @@ class Replayer:
         # command's start, ``validate`` and ``status`` included, which reach this module).
         from batchspec.engines.tree.drafting import replay
         from batchspec.engines.tree.ngram import NgramDrafter
+        from batchspec.engines.tree.suffix import SuffixDrafter
 
         s = self.spec.speculative
         if k <= 0 or s.tree is None:
             return 0
         # The tree engine's own defaults (``engines/tree/load.py``), not vLLM's rule.
         lo, hi = s.prompt_lookup_min or 1, s.prompt_lookup_max or 3
+        drafter = NgramDrafter(lo, hi)
+        if s.method == "suffix":
+            drafter = self.suffix = self.suffix or SuffixDrafter(drafter)
         shape = s.tree.shape_for(domain)
         max_tokens = min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt))
-        return sum(replay(NgramDrafter(lo, hi), prompt, out, k, shape, max_tokens).accepted)
+        got = replay(drafter, prompt, out, k, shape, max_tokens, domain=domain)
+        return sum(got.accepted)

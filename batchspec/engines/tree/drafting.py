@@ -7,8 +7,10 @@ that draft (``draft``, all rows at once, so a draft model runs one batched forwa
 It never sees the target's logits or the acceptance's random draws, which keeps any tree it
 proposes verifiable losslessly by the one-hot rule (``accept``).
 
-Two drafters: ``ngram.NgramDrafter`` (a trie of the context's repeated continuations, no
-forward) and ``drafter.ModelDrafter`` (EAGLE-2 growth on a draft model). A third, an
+Drafters: ``ngram.NgramDrafter`` (a trie of the context's repeated continuations, no
+forward), ``suffix.SuffixDrafter`` (that trie merged with the domain's earlier outputs: a
+``Learner``, given every finished row) and ``drafter.ModelDrafter`` (EAGLE-2 growth on a draft
+model). A third, an
 EAGLE head, would also need the target's last hidden state at each committed position: the
 engine would hand those to ``extend`` beside the tokens (the verify forward computes them).
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from batchspec.engines.tree.shape import DraftTree
 from batchspec.spec.tree import TreeShape
@@ -39,16 +41,20 @@ class Ask:
     depth: int
     branching: tuple[int, ...] | None = None
     paths: tuple[tuple[int, ...], ...] | None = None
+    domain: str | None = None
+    """The row's domain: which of the job's earlier outputs a ``Learner`` drafts from."""
 
 
-def ask_for(slot: int, k: int, shape: TreeShape | None, room: int) -> Ask | None:
+def ask_for(
+    slot: int, k: int, shape: TreeShape | None, room: int, domain: str | None = None
+) -> Ask | None:
     """The row's request under ``shape`` with ``room`` tokens left to emit before
     ``max_tokens`` (no path needs to outrun it); None: the row drafts nothing this step."""
     if k <= 0 or room <= 0 or shape is None:
         return None
     branching = tuple(shape.branching) if shape.branching is not None else None
     paths = tuple(tuple(p) for p in shape.paths) if shape.paths is not None else None
-    return Ask(slot, k, min(shape.depth(), room), branching, paths)
+    return Ask(slot, k, min(shape.depth(), room), branching, paths, domain)
 
 
 class Drafter(Protocol):
@@ -66,6 +72,15 @@ class Drafter(Protocol):
 
     def release(self, slot: int) -> None:
         """The row in ``slot`` is done; the slot may start another row."""
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """A drafter that learns from the job's own outputs (``suffix.SuffixDrafter``): the engine
+    gives it every row that finishes, at any K, with its domain."""
+
+    def learn(self, domain: str | None, output: Sequence[int]) -> None:
+        """A row of ``domain`` finished with these tokens."""
 
 
 @dataclass
@@ -87,18 +102,21 @@ def replay(
     shape: TreeShape,
     max_tokens: int,
     slot: int = 0,
+    domain: str | None = None,
 ) -> Replayed:
     """Drive ``drafter`` over a finished greedy row (``out``: its tokens) as the engine drove
     it, without the target: greedy acceptance only compares draft tokens with the target's
     choices, which are ``out`` itself, so each tree is matched against the output and the
     accepted path plus the next output token (the bonus) are committed. Draft tokens past the
-    row's end count as not accepted, as the engine counts them."""
+    row's end count as not accepted, as the engine counts them. ``domain``: the row's; a
+    ``Learner`` drafts from what it learned so far (the caller feeds it the rows the engine had
+    finished before this one, and this row after, if others follow)."""
     got = Replayed([], [], [])
     drafter.start(slot, prompt)
     drafter.extend(slot, out[:1])
     t = 1
     while t < len(out):
-        request = ask_for(slot, k, shape, max_tokens - t)
+        request = ask_for(slot, k, shape, max_tokens - t, domain)
         if request is None:
             tree = DraftTree([out[t - 1]], [-1])
         else:

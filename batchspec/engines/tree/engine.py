@@ -36,7 +36,7 @@ from batchspec.engines import planted
 from batchspec.engines.base import EngineFailure, UnitSource
 from batchspec.engines.tree.accept import Draws, TorchDraws, accept_greedy, accept_sampled
 from batchspec.engines.tree.admit import OpenUnit, Prompts, open_unit
-from batchspec.engines.tree.drafting import Ask, ask_for
+from batchspec.engines.tree.drafting import Ask, Learner, ask_for
 from batchspec.engines.tree.load import Target, load_target, max_k, open_drafter
 from batchspec.engines.tree.penalties import open_penalties
 from batchspec.engines.tree.profile import StepProfile, load_or_measure
@@ -212,7 +212,7 @@ class TreeEngine:
         """What the row asks of the drafter this step; None: no draft."""
         tree_spec = self.spec.speculative.tree
         shape = tree_spec.shape_for(row.req.domain) if tree_spec is not None else None
-        return ask_for(row.slot, row.k, shape, row.max_tokens - len(row.out))
+        return ask_for(row.slot, row.k, shape, row.max_tokens - len(row.out), row.req.domain)
 
     def _trees(self) -> list[DraftTree]:
         """Each row's draft (up to K best-ranked nodes), or its root alone."""
@@ -294,6 +294,8 @@ class TreeEngine:
         self.rows.remove(row)
         self.prompts.forget(row)
         self._release(row.slot)
+        if isinstance(self.drafter, Learner):  # drafts from the job's outputs: every row, any K
+            self.drafter.learn(row.req.domain, row.out)
         if self.stops.stop:
             row.text = self.stops.text(row.out)
         owner = row.owner

@@ -22,6 +22,7 @@ from batchspec.engines.tree.eagle import open_eagle_drafter
 from batchspec.engines.tree.hybrid import NgramFirst
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.ngram import NgramDrafter
+from batchspec.engines.tree.suffix import SuffixDrafter
 from batchspec.models import load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
 
@@ -91,6 +92,8 @@ def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:
         model = open_model_drafter(spec, target, target.max_len + scratch)
     elif s.method == "eagle3":
         model = open_eagle_drafter(spec, target, target.max_len + scratch)
+    elif s.method == "suffix":
+        return SuffixDrafter(ngram)
     else:
         return ngram
     return NgramFirst(ngram, model) if tree is not None and tree.ngram_first else model

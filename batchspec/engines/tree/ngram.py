@@ -11,9 +11,9 @@ long). A draft reads only the ``max_matches`` most recent occurrences of the mat
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Sequence
 
+from batchspec.engines.tree.continuations import Scored, grow
 from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.shape import DraftTree
 
@@ -61,58 +61,26 @@ class NgramIndex:
         paths: Iterable[tuple[int, ...]] | None = None,
     ) -> DraftTree:
         """A tree rooted at the context's last token with at most ``budget`` draft nodes of
-        depth <= ``max_depth``, from the trie of the matched continuations. Siblings rank by
-        occurrence count, ties to the most recent occurrence; nodes are kept best-first by
-        count, then shallower, then more recent (ancestor-closed: a child never occurred more
-        often than its parent). ``branching`` caps children per depth (``branching[d]`` for
-        a node at depth d; nothing deeper than its length); ``paths`` keeps only nodes whose
-        rank path is listed (a static shape). No match, or no budget: the root alone.
-        ``draft_probs`` is None: the draft is deterministic.
+        depth <= ``max_depth``, from the trie of the matched continuations ranked by count
+        (``continuations.grow``, which also says how the shape applies). No match, or no
+        budget: the root alone. ``draft_probs`` is None: the draft is deterministic."""
+        return self.scored(budget, max_depth, branching, paths).tree()
 
-        The trie is expanded best-first from a heap, so only the kept nodes and their
-        children are built: the work is bounded by the matches times the kept depth, not by
-        the context, nor by every continuation's full length."""
+    def scored(
+        self,
+        budget: int,
+        max_depth: int,
+        branching: Sequence[int] | None = None,
+        paths: Iterable[tuple[int, ...]] | None = None,
+    ) -> Scored:
+        """``draft``'s trie with each node's share of the matches (what ``merge`` ranks by)."""
         if not self.tokens:
             raise ValueError("cannot draft from an empty context")
-        if branching is not None:
-            max_depth = min(max_depth, len(branching))
-        allowed = None if paths is None else set(paths)
-        tokens, parents = [self.tokens[-1]], [-1]
-        heap: list[tuple[int, int, int, int, int, list[int], tuple[int, ...]]] = []
-        self._push(heap, 0, 0, (), self.matches(), branching, allowed)
-        while heap and len(tokens) <= budget:
-            _, depth, _, tok, parent, starts, path = heapq.heappop(heap)
-            tokens.append(tok)
-            parents.append(parent)
-            if depth < max_depth:
-                self._push(heap, len(tokens) - 1, depth, path, starts, branching, allowed)
-        return DraftTree(tokens, parents)
-
-    def _push(
-        self,
-        heap: list,
-        node: int,
-        depth: int,
-        path: tuple[int, ...],
-        starts: list[int],
-        branching: Sequence[int] | None,
-        allowed: set[tuple[int, ...]] | None,
-    ) -> None:
-        """Push the children of a kept node (``starts``: the continuations through it,
-        ascending) that fit the shape, keyed by (-count, depth, -most recent start)."""
-        ctx, end = self.tokens, len(self.tokens)
-        groups: dict[int, list[int]] = {}
-        for s in starts:
-            if s + depth < end:
-                groups.setdefault(ctx[s + depth], []).append(s)
-        ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), -kv[1][-1]))
-        for rank, (tok, group) in enumerate(ranked):
-            if branching is not None and rank >= branching[depth]:
-                break
-            child = (*path, rank)
-            if allowed is None or child in allowed:
-                key = (-len(group), depth + 1, -group[-1])
-                heapq.heappush(heap, (*key, tok, node, group, child))
+        ctx = self.tokens
+        end = len(ctx)
+        starts = self.matches()
+        read = lambda p: ctx[p] if p < end else None  # noqa: E731
+        return grow(ctx[-1], starts, read, budget, max_depth, branching, paths)
 
 
 class NgramDrafter:

@@ -1,0 +1,86 @@
+"""``method: suffix`` on the tree engine: drafts from the whole job's outputs and the row's own
+context, merged into one tree.
+
+Two sources, as in SuffixDecoding (arXiv 2411.04975; Arctic Inference ships it for vLLM): the
+row's own prompt and output (``ngram.NgramIndex``, the trie ``method: ngram`` drafts from) and
+every output the engine finished earlier in the row's domain (``suffix_index.SuffixIndex``, one
+per domain, fed each finished row at any K). The domain's continuations are sized by how long
+the match is (``spec_factor`` draft nodes per matched token, SuffixDecoding's
+``max_spec_factor``): a two-token match proposes little, a sentence-long one a whole subtree.
+Both tries go through ``continuations.merge`` under the row's node budget and shape: a
+continuation both sources propose is one node, ranked by the larger of its two shares.
+
+A row drafts from the domain's index as it was at the row's first draft (its ``view``), never
+from outputs finished while it decodes, so its drafts depend only on its own tokens and the
+rows indexed before it: ``drafting.replay`` over a finished row, with an index holding the
+same earlier rows, gives the engine's own counts. Drafts are deterministic, so the one-hot
+rule verifies them losslessly whatever they propose.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import partial
+
+from batchspec.engines.tree.continuations import grow, merge
+from batchspec.engines.tree.drafting import Ask
+from batchspec.engines.tree.ngram import NgramDrafter
+from batchspec.engines.tree.shape import DraftTree
+from batchspec.engines.tree.suffix_index import SuffixIndex
+
+MAX_TOKENS = 1 << 20
+"""Tokens indexed per domain before the oldest are evicted (~13 MB of state per domain at the
+cap on the default job's outputs; docs/trees.md)."""
+SPEC_FACTOR = 1.0
+"""Draft nodes from the domain's outputs per token of the matched suffix (Arctic Inference's
+default ``suffix_max_spec_factor``)."""
+
+
+class SuffixDrafter:
+    """``drafting.Drafter`` and ``drafting.Learner``: each row's n-gram trie merged with its
+    domain's earlier outputs."""
+
+    def __init__(
+        self, ngram: NgramDrafter, max_tokens: int = MAX_TOKENS, spec_factor: float = SPEC_FACTOR
+    ) -> None:
+        self.ngram, self.max_tokens, self.spec_factor = ngram, max_tokens, spec_factor
+        self.indexes: dict[str | None, SuffixIndex] = {}
+        self.views: dict[int, int] = {}
+        """Per slot, the domain index's positions the row drafts from (those below it)."""
+
+    def index(self, domain: str | None) -> SuffixIndex:
+        """The domain's index (made empty on first use)."""
+        found = self.indexes.get(domain)
+        if found is None:
+            found = self.indexes[domain] = SuffixIndex(self.max_tokens)
+        return found
+
+    def start(self, slot: int, prompt: Sequence[int], twin: int | None = None) -> None:
+        self.ngram.start(slot, prompt, twin)
+        self.views.pop(slot, None)
+
+    def extend(self, slot: int, tokens: Sequence[int]) -> None:
+        self.ngram.extend(slot, tokens)
+
+    def draft(self, asks: Sequence[Ask]) -> list[DraftTree]:
+        return [self._draft(a) for a in asks]
+
+    def _draft(self, ask: Ask) -> DraftTree:
+        own = self.ngram.rows[ask.slot]
+        shape = (ask.budget, ask.depth, ask.branching, ask.paths)
+        index = self.index(ask.domain)
+        view = self.views.setdefault(ask.slot, index.total)
+        length, starts = index.match(own.tokens, view)
+        if not starts:
+            return own.draft(*shape)
+        size = min(ask.budget, math.ceil(self.spec_factor * length))
+        theirs = grow(own.tokens[-1], starts, partial(index.read, view=view), size, *shape[1:])
+        return merge([own.scored(*shape), theirs], *shape)
+
+    def learn(self, domain: str | None, output: Sequence[int]) -> None:
+        self.index(domain).add(output)
+
+    def release(self, slot: int) -> None:
+        self.ngram.release(slot)
+        self.views.pop(slot, None)
