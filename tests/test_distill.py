@@ -42,12 +42,7 @@ TINY = {
 AUX = default_aux_layers(LAYERS)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # matrices this small: one thread
 
 
 def tiny(batch: int = 3) -> TreeModel:

@@ -27,12 +27,7 @@ TINY = {
 NGRAM = {"engine": "tree", "num_speculative_tokens": 4, "adaptive": False}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # matrices this small: one thread
 
 
 class Letters:

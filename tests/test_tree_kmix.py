@@ -13,7 +13,6 @@ from test_tree_loop import (
     counts,
     cycle_model,
     engine,
-    one_thread,
     random_prompts,
     replayed,
 )
@@ -24,7 +23,7 @@ from batchspec.engines.tree.load import max_k
 from batchspec.engines.tree.shape import DraftTree
 from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
 
-__all__ = ["one_thread"]  # the module-scoped fixture: one thread for matrices this small
+pytestmark = pytest.mark.usefixtures("one_thread")  # matrices this small: one thread
 
 
 def units(prompts: list[list[int]], ks: list[int | None]) -> list[UnitRequests]:

@@ -47,14 +47,7 @@ TINY = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Matrices of a few dozen rows: a second thread only waits (the suite runs a test file
-    per core)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # matrices this small: one thread
 
 
 def nxt(token: int) -> int:

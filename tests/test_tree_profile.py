@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from test_tree_kmix import run_units, units
-from test_tree_loop import NGRAM, TINY, engine, one_thread, random_prompts
+from test_tree_loop import NGRAM, TINY, engine, random_prompts
 
 from batchspec.engines.tree import profile
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.profile import StepProfile, profile_key
 
-__all__ = ["one_thread"]  # the module-scoped fixture: one thread for matrices this small
+pytestmark = pytest.mark.usefixtures("one_thread")  # matrices this small: one thread
 
 MAX_LEN = 128
 

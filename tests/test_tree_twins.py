@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_distill import MAX_LEN, VOCAB, Letters, job, one_thread, random_head, tiny
+from test_distill import MAX_LEN, VOCAB, Letters, job, random_head, tiny
 
 from batchspec.engines.base import EngineFailure, ListSource
 from batchspec.engines.tree.engine import TreeEngine
@@ -24,7 +24,7 @@ from batchspec.engines.tree.shape import DraftTree
 from batchspec.measure.distill_train import draft_vocab
 from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 
-__all__ = ["one_thread"]  # the module-scoped fixture: one thread for matrices this small
+pytestmark = pytest.mark.usefixtures("one_thread")  # matrices this small: one thread
 
 PROMPT = [3, 7, 11, 2, 9, 3, 7]
 

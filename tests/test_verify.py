@@ -2,7 +2,7 @@
 speculation passes the greedy check; a planted broken sampler (every draft token accepted,
 ``engines.planted``) fails the greedy check and the sampled two-sample test, which real
 n-gram speculation passes. The fuller figures (bf16, draft-model speculation, more prompts)
-come from ``scripts/verify_check.py``."""
+come from ``scripts/checks/verify.py``."""
 
 from __future__ import annotations
 
@@ -45,21 +45,28 @@ def test_greedy_ngram_passes_and_a_planted_bias_fails(tmp_path: Path, full: bool
     assert all(d["position"] >= 1 for d in check["divergences"])
 
 
-def test_sampled_ngram_passes_and_a_planted_bias_fails(tmp_path: Path, full: bool) -> None:
-    """One math prompt whose answer starts by quoting it ("Maria has ..."): n-gram drafts
-    exist from the second generated token on, where the target gives " has" 0.41 and
-    " gives" 0.40. Real speculation keeps that distribution (it did not before
-    ``engines.vllm_fixes``: vLLM's CPU build gave " has" 0.75 and " gives" 0); accepting
-    every draft moves it by a total variation of ~0.3, far above what 150 samples detect."""
+def near_tie_job(tmp: Path, name: str, speculative: dict | None = None) -> Path:
+    """``math-0001`` at temperature 1, written as ``tmp/<name>``: its answer starts by
+    quoting it ("Maria has ..."), so n-gram drafts exist from the second generated token on,
+    where the target gives " has" 0.41 and " gives" 0.40: a sampled check that tells."""
     df = pl.read_parquet(PROMPTS).filter(pl.col("id") == "math-0001")
-    df.write_parquet(tmp_path / "in.parquet")
+    df.write_parquet(tmp / "in.parquet")
     job = job_dict(
-        tmp_path / "out",
-        input={"path": str(tmp_path / "in.parquet")},
+        tmp / "out",
+        input={"path": str(tmp / "in.parquet")},
         model={"max_num_seqs": 32},
         sampling={"temperature": 1.0},
+        **({"speculative": speculative} if speculative else {}),
     )
-    path = write_job(tmp_path / "job.yaml", job)
+    return write_job(tmp / name, job)
+
+
+def test_sampled_ngram_passes_and_a_planted_bias_fails(tmp_path: Path, full: bool) -> None:
+    """``near_tie_job``: real speculation keeps the target's distribution at its near-tie (it
+    did not before ``engines.vllm_fixes``: vLLM's CPU build gave " has" 0.75 and " gives" 0);
+    accepting every draft moves it by a total variation of ~0.3, far above what 150 samples
+    detect."""
+    path = near_tie_job(tmp_path, "job.yaml")
     args = ["--rows", "1", "--samples", "150", "--tokens", "2"]
     ok = run_cli("verify", str(path), *args, env=IN_PROCESS_ENGINE)
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]

@@ -19,10 +19,10 @@ import importlib.util
 import json
 from pathlib import Path
 
-import polars as pl
 import pytest
-from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, small_job, write_job
+from conftest import IN_PROCESS_ENGINE, job_dict, run_cli, small_job, write_job
 from test_cli_errors import assert_user_error, cli
+from test_verify import near_tie_job
 
 from batchspec.engines.planted import ACCEPT_ALL_ENV
 
@@ -59,19 +59,10 @@ def greedy_pass_and_planted_fail(job: Path, tmp: Path) -> None:
 
 
 def sampled_pass_and_planted_fail(tmp: Path, speculative: dict, tokens: int = 2) -> None:
-    """``math-0001`` at temperature 1 (see ``tests/test_verify.py``: the target gives " has"
-    0.41 and " gives" 0.40 at the second token): passes, and fails with every draft accepted.
-    ``tokens``: the positions compared (a weak head's first draft may never be accepted)."""
-    df = pl.read_parquet(PROMPTS).filter(pl.col("id") == "math-0001")
-    df.write_parquet(tmp / "in.parquet")
-    job = job_dict(
-        tmp / "out",
-        input={"path": str(tmp / "in.parquet")},
-        model={"max_num_seqs": 32},
-        sampling={"temperature": 1.0},
-        speculative=speculative,
-    )
-    path = write_job(tmp / "sampled.yaml", job)
+    """``test_verify.near_tie_job`` with this method: passes, and fails with every draft
+    accepted. ``tokens``: the positions compared (a weak head's first draft may never be
+    accepted)."""
+    path = near_tie_job(tmp, "sampled.yaml", speculative)
     args = ["--rows", "1", "--samples", "150", "--tokens", str(tokens)]
     (check,) = verify(path, tmp / "sampled-ok", *args)["checks"]
     assert check["check"] == "sampled" and check["rejected"] == 0
@@ -80,22 +71,27 @@ def sampled_pass_and_planted_fail(tmp: Path, speculative: dict, tokens: int = 2)
 
 
 @pytest.mark.engine
-def test_draft_model_with_a_smaller_draft(tmp_path: Path, full: bool) -> None:
-    if not full:
-        pytest.skip("six engine starts with a draft model: runs with --full")
-    job = small_job(tmp_path, 1, speculative=DRAFT, sampling={"max_tokens": 32})
-    greedy_pass_and_planted_fail(job, tmp_path)
-    sampled_pass_and_planted_fail(tmp_path, DRAFT)
-
-
-@pytest.mark.engine
-@pytest.mark.skipif(not HAS_ARCTIC, reason="Arctic Inference: bash scripts/setup_suffix.sh")
-def test_suffix_decoding(tmp_path: Path, full: bool) -> None:
+@pytest.mark.parametrize(
+    "speculative",
+    [
+        pytest.param(DRAFT, id="draft_model"),
+        pytest.param(
+            SUFFIX,
+            id="suffix",
+            marks=pytest.mark.skipif(
+                not HAS_ARCTIC, reason="Arctic Inference: bash scripts/setup_suffix.sh"
+            ),
+        ),
+    ],
+)
+def test_method_greedy_and_sampled(tmp_path: Path, full: bool, speculative: dict) -> None:
+    """A draft model (a smaller one) and suffix decoding: ``verify`` passes greedy and
+    sampled, and fails each with every draft accepted."""
     if not full:
         pytest.skip("six engine starts: runs with --full")
-    job = small_job(tmp_path, 1, speculative=SUFFIX, sampling={"max_tokens": 32})
+    job = small_job(tmp_path, 1, speculative=speculative, sampling={"max_tokens": 32})
     greedy_pass_and_planted_fail(job, tmp_path)
-    sampled_pass_and_planted_fail(tmp_path, SUFFIX)
+    sampled_pass_and_planted_fail(tmp_path, speculative)
 
 
 @pytest.mark.engine

@@ -34,6 +34,19 @@ def spec_metrics(hist: list[int], drafted: int) -> SpecStats:
     return SpecStats(sum(hist), drafted, accepted, tuple(hist))
 
 
+def generated(text: str, output_tokens: int, finish: str, spec: SpecStats | None) -> RowResult:
+    """Row 0 as an engine returns it: a 3-token prompt, generated with ``TIMING``."""
+    return RowResult(
+        request(0),
+        text=text,
+        num_prompt_tokens=3,
+        num_output_tokens=output_tokens,
+        finish_reason=finish,
+        spec=spec,
+        timing=TIMING,
+    )
+
+
 def result_of(
     results: list[RowResult], method: str = "ngram", k: int = 3, engine: EngineName = VLLM
 ) -> UnitResult:
@@ -55,15 +68,7 @@ def test_schema_order_and_types() -> None:
 
 
 def test_speculative_row() -> None:
-    r = RowResult(
-        request(0),
-        text="hi",
-        num_prompt_tokens=3,
-        num_output_tokens=9,
-        finish_reason="stop",
-        spec=spec_metrics([1, 0, 2, 1], 12),
-        timing=TIMING,
-    )
+    r = generated("hi", 9, "stop", spec_metrics([1, 0, 2, 1], 12))
     row = table_for([r]).to_pylist()[0]
     assert row["num_accepted_tokens"] == 7 and row["num_draft_tokens"] == 12
     assert row["acceptance_rate"] == 7 / 12
@@ -76,15 +81,7 @@ def test_speculative_row() -> None:
 
 
 def test_no_speculation_gives_nulls_not_zeros() -> None:
-    r = RowResult(
-        request(0),
-        text="hi",
-        num_prompt_tokens=3,
-        num_output_tokens=9,
-        finish_reason="length",
-        spec=None,
-        timing=TIMING,
-    )
+    r = generated("hi", 9, "length", None)
     row = table_for([r], method="none", k=0, engine=TREE).to_pylist()[0]
     assert row["spec_method"] == "none" and row["num_speculative_tokens"] == 0
     assert row["engine"] == TREE
@@ -93,15 +90,7 @@ def test_no_speculation_gives_nulls_not_zeros() -> None:
 
 
 def test_nothing_drafted_gives_null_rate() -> None:
-    r = RowResult(
-        request(0),
-        text="x",
-        num_prompt_tokens=3,
-        num_output_tokens=1,
-        finish_reason="stop",
-        spec=spec_metrics([0, 0, 0, 0], 0),
-        timing=TIMING,
-    )
+    r = generated("x", 1, "stop", spec_metrics([0, 0, 0, 0], 0))
     row = table_for([r]).to_pylist()[0]
     assert row["num_spec_steps"] == 0 and row["acceptance_rate"] is None
     assert row["mean_acceptance_length"] is None

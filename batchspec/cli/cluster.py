@@ -18,7 +18,7 @@ from batchspec.cli.common import (
     user_errors,
     verbose_option,
 )
-from batchspec.cli.observe import existing_out, print_status, status_options
+from batchspec.cli.observe import status_command
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 
@@ -223,19 +223,13 @@ def _check_submit(
         )
 
 
-@slurm.command(
-    "status",
-    short_help="Slurm task states and the run's status.",
-    epilog=examples(
-        "batchspec slurm status out/synth_data",
-        "batchspec slurm status out/synth_data --require-complete   # exit 0 only when complete",
-    ),
+slurm.add_command(
+    status_command(
+        "slurm status",
+        "Slurm task states and the run's status.",
+        "Per-task Slurm state (squeue/sacct) and units done/leased/pending/failed.",
+    )
 )
-@status_options
-@user_errors
-def slurm_status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:
-    """Per-task Slurm state (squeue/sacct) and units done/leased/pending/failed."""
-    print_status(existing_out(out_dir), lease_timeout, as_json, require_complete)
 
 
 @click.group(

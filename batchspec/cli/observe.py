@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -99,27 +97,36 @@ json_option = click.option(
 )
 
 
-def status_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """OUT_DIR, ``--lease-timeout``, ``--json`` and ``--require-complete``: what ``status``
-    and ``slurm status`` both take, since both print ``print_status``."""
-    for option in (require_complete_option, json_option, lease_timeout_option, out_argument):
-        command = option(command)
-    return command
+def status_command(name: str, short_help: str, doc: str) -> click.Command:
+    """``status``, and ``slurm status`` under the ``slurm`` group: one command under two names,
+    since both print ``print_status`` (the Slurm jobs too, for a run that came from Slurm)."""
+
+    @click.command(
+        name.split()[-1],
+        short_help=short_help,
+        help=doc,
+        epilog=examples(
+            f"batchspec {name} out/synth_data",
+            f"batchspec {name} out/synth_data --json     # the stable form, for scripts",
+            f"batchspec {name} out/synth_data --require-complete   # exit 0 only when complete",
+        ),
+    )
+    @out_argument
+    @lease_timeout_option
+    @json_option
+    @require_complete_option
+    @user_errors
+    def show(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:
+        print_status(existing_out(out_dir), lease_timeout, as_json, require_complete)
+
+    return show
 
 
-@click.command(
-    short_help="Units, rows, throughput, ETA and K of a run.",
-    epilog=examples(
-        "batchspec status out/synth_data",
-        "batchspec status out/synth_data --json     # the stable form, for scripts",
-        "batchspec status out/synth_data --require-complete   # exit 0 only when complete",
-    ),
+status = status_command(
+    "status",
+    "Units, rows, throughput, ETA and K of a run.",
+    "Units done / leased / pending / failed, rows, throughput, ETA and K per domain.",
 )
-@status_options
-@user_errors
-def status(out_dir: str, lease_timeout: float, as_json: bool, require_complete: bool) -> None:
-    """Units done / leased / pending / failed, rows, throughput, ETA and K per domain."""
-    print_status(existing_out(out_dir), lease_timeout, as_json, require_complete)
 
 
 @click.command(

@@ -85,6 +85,13 @@ def _listing(folder: Path) -> list[str]:
         return []
 
 
+def unit_ids_in(folder: Path, suffix: str) -> set[str]:
+    """Unit ids of the ``<unit_id><suffix>`` files in one directory (parts, leases, failure
+    records), from one listing, dot-named temporaries left out; none if it is missing."""
+    n = len(suffix)
+    return {x[:-n] for x in _listing(folder) if x.endswith(suffix) and not x.startswith(".")}
+
+
 def create_mark(path: Path) -> None:
     """Create an empty marker file unless it exists (racing creators all succeed)."""
     with contextlib.suppress(FileExistsError):
@@ -161,12 +168,7 @@ class OutDir:
 
     def parts_in(self, folder: Path) -> set[str]:
         """Unit ids committed in one directory of parts (one listing)."""
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            return set()
-        n = len(PART_SUFFIX)
-        return {x[:-n] for x in names if x.endswith(PART_SUFFIX) and not x.startswith(".")}
+        return unit_ids_in(folder, PART_SUFFIX)
 
     @property
     def leases(self) -> Path:

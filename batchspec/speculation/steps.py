@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +45,28 @@ def write_step_costs(
     os.replace(tmp, path)
 
 
+def _step_files(out: OutDir) -> Iterator[tuple[float, dict[str, Any]]]:
+    """(modification time, content) of every worker's step file that reads as a JSON object;
+    one being rewritten, or not ours, is passed over."""
+    if not out.stats.is_dir():
+        return
+    for path in out.stats.glob("steps-*.json"):
+        try:
+            data, mtime = json.loads(path.read_text()), path.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            yield mtime, data
+
+
 def read_step_costs(out: OutDir, engine: str | None, batch: int) -> Callable[[int], float] | None:
     """Seconds per step at any K, interpolated from the newest worker's file for this engine
     and batch size; None when no worker priced K by a profile."""
-    if not out.stats.is_dir():
-        return None
-    found = []
-    for path in out.stats.glob("steps-*.json"):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being rewritten, or not ours
-        if data.get("engine") == engine and data.get("batch") == batch and data.get("seconds"):
-            found.append((path.stat().st_mtime, sorted(data["seconds"])))
+    found = [
+        (mtime, sorted(data["seconds"]))
+        for mtime, data in _step_files(out)
+        if data.get("engine") == engine and data.get("batch") == batch and data.get("seconds")
+    ]
     if not found:
         return None
     pairs = max(found)[1]
@@ -68,16 +77,13 @@ def read_step_costs(out: OutDir, engine: str | None, batch: int) -> Callable[[in
 def read_step_fit(out: OutDir) -> tuple[int, dict[str, Any]] | None:
     """The batch size and the newest worker's fit of vLLM's steps (``write_step_costs``);
     None when no worker fitted one."""
-    if not out.stats.is_dir():
-        return None
     found = []
-    for path in out.stats.glob("steps-*.json"):
-        try:
-            data = json.loads(path.read_text())
-            if isinstance(data.get("fit"), dict):
-                found.append((path.stat().st_mtime, int(data["batch"]), data["fit"]))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # being rewritten, or not ours
+    for mtime, data in _step_files(out):
+        if isinstance(data.get("fit"), dict):
+            try:
+                found.append((mtime, int(data["batch"]), data["fit"]))
+            except (KeyError, TypeError, ValueError):
+                continue  # not ours
     if not found:
         return None
     _, batch, fit = max(found, key=lambda f: f[0])

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from batchspec.errors import UserError
-from batchspec.io.layout import LEASE_SUFFIX, OutDir
+from batchspec.io.layout import LEASE_SUFFIX, OutDir, unit_ids_in
 from batchspec.io.manifest import read_manifest
 
 
@@ -90,22 +90,12 @@ def completion(out: OutDir) -> Completion:
     if manifest is None:
         raise UserError(f"{out}: no run has bound this directory (no manifest.json)")
     committed = out.committed_units()
-    failed = _names(out.failed, ".json") - committed
-    held = _names(out.leases, LEASE_SUFFIX) - committed - failed
+    failed = unit_ids_in(out.failed, ".json") - committed
+    held = unit_ids_in(out.leases, LEASE_SUFFIX) - committed - failed
     errors = 0
     if len(committed) >= manifest.num_units and not failed:
         errors = sum(_error_rows(p) for p in out.part_files())
     return Completion(manifest.num_units, len(committed), len(failed), len(held), errors)
-
-
-def _names(folder: os.PathLike[str], suffix: str) -> set[str]:
-    """Unit ids of the ``<unit_id><suffix>`` files in one directory (one listing)."""
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return set()
-    n = len(suffix)
-    return {x[:-n] for x in names if x.endswith(suffix) and not x.startswith(".")}
 
 
 def _error_rows(path: os.PathLike[str]) -> int:

@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from batchspec.io.layout import LEASE_SUFFIX, OutDir
+from batchspec.io.layout import LEASE_SUFFIX, OutDir, unit_ids_in
 from batchspec.units import WorkUnit
 
 LIST_S = 120.0
@@ -55,11 +55,9 @@ class HeldIndex:
         at, names = self._listed
         if time.monotonic() - at >= HELD_S:
             try:
-                found = os.listdir(self.out.leases)
-            except OSError:  # missing, or a bad moment of the filesystem: tried instead
-                found = []
-            n = len(LEASE_SUFFIX)
-            names = {x[:-n] for x in found if x.endswith(LEASE_SUFFIX)}
+                names = unit_ids_in(self.out.leases, LEASE_SUFFIX)
+            except OSError:  # a bad moment of the filesystem: claims are tried instead
+                names = set()
             self._listed = (time.monotonic(), names)
         return unit_id in names
 
@@ -138,9 +136,7 @@ class FailureLog:
         at, names = self._listed
         if time.monotonic() - at >= LIST_S:
             try:
-                names = {n[: -len(".json")] for n in os.listdir(self.out.failed)}
-            except FileNotFoundError:
-                names = set()
+                names = unit_ids_in(self.out.failed, ".json")
             except OSError:
                 return unit_id in names  # listed again at the next look
             self._listed = (time.monotonic(), names)
