@@ -1,6 +1,6 @@
 """The K-choice benchmark's table and verdict line, from saved measurements (no engine).
 
-``scripts/bench_k_choice.py --table FILE`` prints the table of a saved run; the test runs it
+``scripts/bench/k_choice.py --table FILE`` prints the table of a saved run; the test runs it
 as a user does, on measurements made up so that every figure is known: ratios of means with
 their per-round range, the best fixed K picked per batch size, the count of units run off
 their domain's main K (or the run log's own count), and the last line for the last batch.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-BENCH = ROOT / "scripts" / "bench_k_choice.py"
+BENCH = ROOT / "scripts" / "bench" / "k_choice.py"
 
 
 def run(tok_s: float, k_units: dict[str, dict[str, int]], explored: int | None = None) -> dict:

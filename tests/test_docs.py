@@ -156,3 +156,30 @@ def test_readme_is_a_door() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) < 200, f"README.md has {len(lines)} lines: move detail into docs/"
     assert "bash scripts/setup.sh && .venv/bin/python -m pytest -q" in lines, "CI's command"
+
+
+SCRIPT = re.compile(r"(?<![\w/.])scripts/[\w./-]+\.(?:py|sh)\b")
+"""A script named anywhere: in prose, code, a test or a job file (a stale path fails)."""
+SCRIPT_TEXTS = [*PAGES, *sorted((ROOT / "tests").rglob("*.py")), *sorted(ROOT.glob("jobs/*.yaml"))]
+
+
+@pytest.mark.parametrize("text", SCRIPT_TEXTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_named_script_exists(text: Path) -> None:
+    missing = sorted({s for s in SCRIPT.findall(text.read_text()) if not (ROOT / s).is_file()})
+    assert not missing, f"{text.name} names scripts that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_quoted_script_flag_exists(page: Path) -> None:
+    """A flag quoted after a script in code is one the script defines, as a string literal."""
+    prose, code = split(page.read_text())
+    wrong = []
+    for text in [span for line in prose for span in CODE_SPAN.findall(line)] + code:
+        for m in SCRIPT.finditer(text):
+            script = ROOT / m[0]
+            if not script.is_file() or script.suffix != ".py":
+                continue
+            source = script.read_text()
+            rest = re.split(r"\s#|[|;&]", text[m.end() :])[0]
+            wrong += [f"{m[0]} {f}" for f in FLAG.findall(rest) if f'"{f}"' not in source]
+    assert not wrong, f"{page.name} quotes flags its scripts do not define: {sorted(set(wrong))}"

@@ -45,7 +45,7 @@ def test_simulated_fleet_commits_every_unit_once_under_kills(tmp_path: Path) -> 
     wait before a look again (300 + 20 + 30 + 2 simulated s), and a unit's filesystem cost
     bounded (the version before this one spent 680 operations per unit at 16 workers)."""
     results = tmp_path / "fleet.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "sim_fleet.py"), "--workers", "12"]
+    cmd = [sys.executable, str(ROOT / "scripts" / "fleet" / "sim.py"), "--workers", "12"]
     cmd += ["--units-per-worker", "6", "--kills", "2", "--speed", "60", "--procs", "2"]
     cmd += ["--out", str(tmp_path / "sim"), "--json", str(results)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -70,7 +70,7 @@ def test_a_death_while_the_others_linger_is_taken_over_and_exits_tell_the_truth(
     is silent: its units are taken over, every unit is committed once, and the workers that
     left before the end say so (exit 5), the others 0."""
     results = tmp_path / "fleet.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "sim_fleet.py"), "--workers", "12"]
+    cmd = [sys.executable, str(ROOT / "scripts" / "fleet" / "sim.py"), "--workers", "12"]
     cmd += ["--kills", "1", "--slow", "8", "--kill-at", "561", "--speed", "60", "--procs", "2"]
     cmd += ["--out", str(tmp_path / "sim"), "--json", str(results)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -34,7 +34,7 @@ the worst (12.5 s beside busy loops with vLLM's own period of 10 s)."""
 def kill_trials(job: Path, trials: int, seed: int) -> list[dict[str, Any]]:
     """The resume benchmark's kill -9 trials on ``job``, each of the worker's process alone
     (the OOM killer's way), its output kept, not finished."""
-    bench = [sys.executable, str(ROOT / "scripts" / "bench_resume.py"), "--job", str(job)]
+    bench = [sys.executable, str(ROOT / "scripts" / "bench" / "resume.py"), "--job", str(job)]
     args = ["--trials", str(trials), "--seed", str(seed), "--kill", "alone"]
     args += ["--no-finish", "--json"]
     result = subprocess.run([*bench, *args], capture_output=True, text=True, timeout=900)

@@ -1,5 +1,5 @@
 """The long-context prompt set is what its builder promises, read from the shipped file (no
-tokenizer, no rebuild: ``scripts/build_long_prompts.py --check`` compares a rebuild, ~5 s).
+tokenizer, no rebuild: ``scripts/data/build.py long --check`` compares a rebuild, ~5 s).
 
 The short rows are the default set's own rows, unchanged (an edit of ``prompts.jsonl`` that
 is not rebuilt here fails); every ``long_qa`` row keeps its source prompt's question and hides

@@ -13,17 +13,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from conftest import PROMPTS, ROOT
 
-BUILD = ROOT / "scripts" / "build_prompt_set.py"
+BUILD = ROOT / "scripts" / "data" / "build.py"
 
 
 def check(parquet: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(BUILD), "--check", "--out", str(parquet)]
+    cmd = [sys.executable, str(BUILD), "prompts", "--check", "--out", str(parquet)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
 def test_parquet_is_built_from_the_jsonl(tmp_path: Path) -> None:
     result = check(PROMPTS)
-    assert result.returncode == 0, f"rebuild: python scripts/build_prompt_set.py\n{result}"
+    assert result.returncode == 0, f"rebuild: python scripts/data/build.py prompts\n{result}"
     assert "matches" in result.stdout
     table = pq.read_table(PROMPTS)
     assert table.num_rows == 360

@@ -1,7 +1,7 @@
 """vLLM's step costs fitted from its steps (``engines.vllm_steps``): exact on steps made from
 known costs, the terms that the steps seen cannot separate tied as documented, waits for work
 left out, and earlier runs' sums a bounded prior. The fit on real vLLM steps: the K benchmark
-(``scripts/bench_k_choice.py``) and ``tests/test_e2e.py``'s run files."""
+(``scripts/bench/k_choice.py``) and ``tests/test_e2e.py``'s run files."""
 
 from __future__ import annotations
 

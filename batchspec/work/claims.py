@@ -9,7 +9,7 @@ manifest's (``io.layout``), so one unit has one name. Everything else, here and 
 makes sure somebody does each unit: a lease is a claim, not a lock, and a mistaken takeover
 (a holder that was alive after all) costs a unit's work, never a row.
 
-So the rules below are judged by what they save, measured by ``scripts/sim_fleet.py`` at 16
+So the rules below are judged by what they save, measured by ``scripts/fleet/sim.py`` at 16
 to 1,000 workers (``docs/fleet.md``: each one switched off in turn): workers walk the plan
 from points of their own (``striped``); they learn what is done and what is held from
 listings (``DoneIndex``, ``HeldIndex``), not a file operation per unit; a worker that runs

@@ -5,7 +5,7 @@ proves exactly-once itself when it exports (``batchspec.observe.export`` compare
 committed id with the input's, row for row); a test that checked the product with the
 product's own check would pass whenever both were wrong the same way. This oracle reads the
 parts with plain pyarrow and knows nothing of units, leases or the planner.
-``scripts/bench_resume.py``, which may not import from tests, verifies with ``batchspec
+``scripts/bench/resume.py``, which may not import from tests, verifies with ``batchspec
 export`` instead.
 """
 
@@ -40,7 +40,7 @@ def resume_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> tuple[P
     interrupt), output in ``tmp/out``; returns the job file and the input ids.
 
     It records progress at every heartbeat and beats often, so that what a kill loses is
-    measured precisely (``scripts/bench_resume.py --job`` reads those records).
+    measured precisely (``scripts/bench/resume.py --job`` reads those records).
     """
     table = pq.read_table(PROMPTS).slice(0, rows)
     pq.write_table(table, tmp / "in.parquet")

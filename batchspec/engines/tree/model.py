@@ -61,7 +61,7 @@ class TreeModel:
     It sets no thread count (process-wide state is the caller's). On the CPU the process wants
     THP_MEM_ALLOC_ENABLE=1 in its environment before torch is imported, and
     OMP_WAIT_POLICY=PASSIVE only where other processes share its cores (see
-    scripts/bench_tree_decode.py for why and what they are worth).
+    scripts/bench/tree_decode.py for why and what they are worth).
     """
 
     def __init__(

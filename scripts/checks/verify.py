@@ -3,8 +3,8 @@ target as its own draft), greedy in float32 and bfloat16 and sampled, each expec
 and a planted broken sampler (every draft accepted, ``engines.planted``) in greedy and in
 sampled mode, each expected to fail. Prints one line of figures per configuration.
 
-    .venv/bin/python scripts/verify_check.py     # 24 greedy rows; 3 prompts x 200 samples
-    .venv/bin/python scripts/verify_check.py --rows 12 --samples 100 --only ngram
+    .venv/bin/python scripts/checks/verify.py     # 24 greedy rows; 3 prompts x 200 samples
+    .venv/bin/python scripts/checks/verify.py --rows 12 --samples 100 --only ngram
 
 The planted bias patches the CLI's own vLLM, so those runs keep the engine in the CLI's
 process; the others run vLLM as production does (vLLM 0.32 in one process failed a bf16
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DRAFT = {"method": "draft_model", "model": "builtin:smollm2-135m-instruct"}
 F32 = {"dtype": "float32"}
 """Not a sampling key: the model dtype of a configuration (default bfloat16)."""

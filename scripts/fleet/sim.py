@@ -14,12 +14,12 @@ processes; a killed one is judged by its heartbeat alone, as on a cluster).
 Time runs ``--speed`` times faster than production: every period of the product (heartbeat,
 lease timeout, linger, progress samples, counting workers, revisits, stats refresh) is divided
 by it, so counts per unit and per simulated second are production's. Every filesystem call
-under the output directory is counted by kind (``_fleet_ops``). Kills: ``--kills`` workers
+under the output directory is counted by kind (``ops.py``). Kills: ``--kills`` workers
 vanish mid-unit (no release, no last record); the run checks that every unit is committed
 exactly once (every row once) and how long the dead workers' units waited for a new holder.
 
-    python scripts/sim_fleet.py --workers 64          # one fleet size
-    python scripts/sim_fleet.py --table               # 16, 64, 256 and 1,000 workers
+    python scripts/fleet/sim.py --workers 64          # one fleet size
+    python scripts/fleet/sim.py --table               # 16, 64, 256 and 1,000 workers
 
 The last line is ``fleet: W workers, X fs ops per committed unit, Y conflicts per claim,
 exactly once: yes|no`` for the largest fleet run.
@@ -41,9 +41,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _fleet_off import SWITCHES, check, switch_off
-from _fleet_ops import OpCounter
-from _fleet_worker import SimWorker, plan, scale_periods
+from off import SWITCHES, check, switch_off
+from ops import OpCounter
+from worker import SimWorker, plan, scale_periods
 
 from batchspec.io.layout import OutDir
 
@@ -365,7 +365,7 @@ def main() -> None:
         "--off",
         type=lambda v: [x for x in v.split(",") if x],
         default=[],
-        help=f"mechanisms switched off: {','.join(SWITCHES)} (_fleet_off)",
+        help=f"mechanisms switched off: {','.join(SWITCHES)} (off.py)",
     )
     args = ap.parse_args()
     check(args.off)  # an unknown name fails here, before a fleet starts

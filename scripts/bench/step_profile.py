@@ -15,8 +15,8 @@ and what the profile costs. Embedded model, the job's dtype, greedy, CPU (or the
 Printed: per node count (the widest tree of the step; 0 = plain decoding), steps, mean real
 ms, and the median absolute error and the summed-time ratio of both predictions.
 
-    flock /tmp/batchspec-heavy.lock .venv/bin/python scripts/bench_step_profile.py
-    .venv/bin/python scripts/bench_step_profile.py --job jobs/synth_long.yaml --batch 1
+    flock /tmp/batchspec-heavy.lock .venv/bin/python scripts/bench/step_profile.py
+    .venv/bin/python scripts/bench/step_profile.py --job jobs/synth_long.yaml --batch 1
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _tree_bench_lib import sample, variant  # noqa: E402
+from tree_lib import sample, variant  # noqa: E402
 
 
 def parse() -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""Helpers of ``bench_tree.py``: the prompt sample, job variants, one timed engine run, and
+"""Helpers of ``tree.py``: the prompt sample, job variants, one timed engine run, and
 the figures drawn from its rows (tokens/s, accepted tokens per verify step, greedy identity).
 
 Everything runs through ``open_engine`` and ``Engine.run``, the calls the worker makes, so the

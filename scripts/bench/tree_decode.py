@@ -9,9 +9,9 @@ share of it. Then it times one verify forward of B rows x N tree nodes (the cost
 nodes adds per step), as a table. The read bandwidth (a sum over a large tensor) is printed
 too: a decode step only reads its weights, and on this VM reads stream slower than copies.
 
-    .venv/bin/python scripts/bench_tree_decode.py                  # embedded model, float32, CPU
-    .venv/bin/python scripts/bench_tree_decode.py --mkl            # eager, MKL's kernel
-    python scripts/bench_tree_decode.py --device cuda --dtype bfloat16 --random-7b
+    .venv/bin/python scripts/bench/tree_decode.py                  # embedded model, float32, CPU
+    .venv/bin/python scripts/bench/tree_decode.py --mkl            # eager, MKL's kernel
+    python scripts/bench/tree_decode.py --device cuda --dtype bfloat16 --random-7b
 
 ``--random-7b`` builds random weights of a Llama-2-7B-shaped model (step cost does not depend
 on the values); it is skipped with a message when the device lacks the memory.
@@ -41,7 +41,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from batchspec.engines.tree.model import TreeModel
 from batchspec.models import embedded_dir

@@ -17,7 +17,7 @@ trained on some and measured on the rows it never saw (its held-out fraction, sa
 
     .venv/bin/batchspec run jobs/synth_tree.yaml --output /tmp/d23/out
     .venv/bin/batchspec distill jobs/synth_tree.yaml --output /tmp/d23/out
-    .venv/bin/python scripts/bench_distill.py --output /tmp/d23/out --batches 1,8,16
+    .venv/bin/python scripts/bench/distill.py --output /tmp/d23/out --batches 1,8,16
 
 The last line: ``head: mean tokens per verify step X at 8 nodes (n-gram trees Y), tree engine
 with head / plain: Z at batch 1``.
@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import torch  # noqa: E402
-from _tree_bench_lib import Run, Sample, per_step, run, variant  # noqa: E402
+from tree_lib import Run, Sample, per_step, run, variant  # noqa: E402
 
 from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch  # noqa: E402
 from batchspec.engines.tree.drafting import Drafter, replay  # noqa: E402
@@ -175,13 +175,13 @@ def timed_run(label: str, spec, k: int, smp: Sample) -> tuple[Run, dict[str, flo
             setattr(obj, name, wrap)
         return eng
 
-    import _tree_bench_lib
+    import tree_lib
 
-    _tree_bench_lib.open_engine = instrumented
+    tree_lib.open_engine = instrumented
     try:
         return run(label, spec, k, smp), parts
     finally:
-        _tree_bench_lib.open_engine = real_open
+        tree_lib.open_engine = real_open
 
 
 def d2(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int, float]:

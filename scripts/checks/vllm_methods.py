@@ -4,9 +4,9 @@ acceptance is replayed or modelled, as ``report`` says), ``verify`` greedy and s
 each again with the planted bias (every draft accepted, ``engines.planted``), which must fail.
 Prints one Markdown row per method (the table in docs/vllm-methods.md).
 
-    .venv/bin/python scripts/vllm_methods.py --work /tmp/vm               # every method
-    .venv/bin/python scripts/vllm_methods.py --work /tmp/vm --only suffix,draft_model
-    .venv/bin/python scripts/vllm_methods.py --work /tmp/vr --runs-only --adaptive
+    .venv/bin/python scripts/checks/vllm_methods.py --work /tmp/vm               # every method
+    .venv/bin/python scripts/checks/vllm_methods.py --work /tmp/vm --only suffix,draft_model
+    .venv/bin/python scripts/checks/vllm_methods.py --work /tmp/vr --runs-only --adaptive
 
 EAGLE-3 needs a head: ``--head DIR`` (a ``batchspec distill`` output), else the script makes
 one first (a run of 24 rows, then ``batchspec distill --holdout 0 --epochs 3``). Suffix
@@ -30,7 +30,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "jobs" / "data" / "prompts.parquet"
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 PLANTED = IN_PROCESS | {"BATCHSPEC_INJECT_ACCEPT_ALL": "1"}

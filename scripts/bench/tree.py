@@ -9,7 +9,7 @@ figure from the same runs). Embedded model, the job's dtype (float32), greedy, C
 - T3 trees beat chains: mean tokens per verify step (1 + accepted / steps) of a K-node dynamic
   n-gram tree against a K-node n-gram chain (``branching: [1] * K``), per domain and overall
   (target: tree / chain >= 1.25 at K=8). Replayed from the plain reference's tokens (exact in
-  greedy decoding, see ``_tree_bench_lib.replay``), then one real engine pass of each shape
+  greedy decoding, see ``tree_lib.replay``), then one real engine pass of each shape
   at ``--t3-check`` nodes shows the replay giving the engine's own per-row counts.
 - T5 throughput: output tokens/s (prefill included, engine start excluded) of the tree engine
   with the job's dynamic trees at each K against vLLM's n-gram chains at each K, per batch
@@ -22,9 +22,9 @@ figure from the same runs). Embedded model, the job's dtype (float32), greedy, C
 vLLM's engine start (26-70 s here) dominates the wall time: the default run starts it
 1 + rounds x batches x chain Ks = 25 times.
 
-    .venv/bin/python scripts/bench_tree.py             # 4 prompts per domain, 64 tokens
-    .venv/bin/python scripts/bench_tree.py --quick     # smoke: 1 per domain, 32 tokens, batch 1
-    .venv/bin/python scripts/bench_tree.py --batches 1 --rows 2 --threads 1
+    .venv/bin/python scripts/bench/tree.py             # 4 prompts per domain, 64 tokens
+    .venv/bin/python scripts/bench/tree.py --quick     # smoke: 1 per domain, 32 tokens, batch 1
+    .venv/bin/python scripts/bench/tree.py --batches 1 --rows 2 --threads 1
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
-from _tree_bench_lib import (  # noqa: E402
+from tree_lib import (  # noqa: E402
     Run,
     Sample,
     copy_bandwidth,

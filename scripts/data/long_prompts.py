@@ -6,7 +6,7 @@ Why: the default set's prompts are short (tens of tokens of context). Users' bat
 retrieval QA and summarization over contexts of hundreds of tokens, where n-gram drafts copy
 from the context and speculation pays, while on short chat and math prompts it may not. A set
 that mixes both makes the domains disagree about K, which is what the per-domain K controller
-is for (``scripts/bench_k_choice.py`` measures it here). Two long domains join the six short
+is for (``scripts/bench/k_choice.py`` measures it here). Two long domains join the six short
 ones (the default set's first ``--short`` rows of each, unchanged), so that a third of the rows
 have a ~750-token context:
 
@@ -22,27 +22,23 @@ Token counts are the embedded model's tokenizer's. The output is deterministic (
 number, rows sorted by id) for a given Python version; ``source`` is ``authored-v1`` on short
 rows and ``long-v1`` on long ones::
 
-    .venv/bin/python scripts/build_long_prompts.py          # writes the Parquet file
-    .venv/bin/python scripts/build_long_prompts.py --check  # exit 1 if it differs
+    .venv/bin/python scripts/data/build.py long          # writes the Parquet file
+    .venv/bin/python scripts/data/build.py long --check  # exit 1 if it differs
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import json
 import random
 import re
-import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+from build import CHAT_SCHEMA
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "long-v1"
 SHORT_DOMAINS = ("chat", "code", "math", "qa", "summarization", "translation")
 LONG_ROWS = 60
@@ -88,19 +84,6 @@ DOCS_ASKS = (
 )
 ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 LABEL = re.compile(r"^(passage|text|context|article)\s*:\s*", re.IGNORECASE)
-SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("domain", pa.string(), nullable=False),
-        pa.field("prompt", pa.string(), nullable=False),
-        pa.field(
-            "messages",
-            pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])),
-            nullable=False,
-        ),
-        pa.field("source", pa.string(), nullable=False),
-    ]
-)
 
 
 def passage_index(text: str) -> int:
@@ -240,7 +223,7 @@ def build(jsonl: Path, short: int, tokens: int) -> pa.Table:
     for n in range(1, LONG_ROWS + 1):
         out.append(long_summary(n, pool, docs, filler, tokens))
     out.sort(key=lambda r: r["id"])
-    return pa.Table.from_pylist(out, schema=SCHEMA)
+    return pa.Table.from_pylist(out, schema=CHAT_SCHEMA)
 
 
 def describe(table: pa.Table) -> str:
@@ -256,31 +239,3 @@ def describe(table: pa.Table) -> str:
         ls.sort()
         lines.append(f"  {d}: {len(ls)} rows, prompt tokens {ls[0]}/{ls[len(ls) // 2]}/{ls[-1]}")
     return "\n".join(lines)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jsonl", type=Path, default=ROOT / "jobs" / "data" / "prompts.jsonl")
-    ap.add_argument("--out", type=Path, default=ROOT / "jobs" / "data" / "prompts_long.parquet")
-    ap.add_argument("--short", type=int, default=40, help="rows per short domain (default 40)")
-    ap.add_argument("--tokens", type=int, default=750, help="long rows' prompt tokens (~)")
-    ap.add_argument("--check", action="store_true", help="compare with --out, write nothing")
-    args = ap.parse_args()
-    table = build(args.jsonl, args.short, args.tokens)
-    if args.check:
-        same = args.out.is_file() and pq.read_table(args.out).equals(table)
-        print(
-            f"{args.out}: {'matches' if same else 'DIFFERS FROM'} this build "
-            f"(Python {sys.version.split()[0]})"
-        )
-        return 0 if same else 1
-    pq.write_table(table, args.out, compression="zstd")
-    print(
-        f"wrote {table.num_rows} rows to {args.out}: {dict(Counter(table['domain'].to_pylist()))}"
-    )
-    print(describe(table))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -9,7 +9,7 @@ at 8 nodes against log10(training tokens) and say what the fit gives at a user's
 rows of this job's length (an extrapolation over orders of magnitude, stated as such).
 
     .venv/bin/batchspec run jobs/synth_data.yaml --output /tmp/d3/out
-    .venv/bin/python scripts/curve_distill.py --job jobs/synth_data.yaml --output /tmp/d3/out \\
+    .venv/bin/python scripts/bench/distill_curve.py --job jobs/synth_data.yaml --output /tmp/d3/out \\
         --train-rows 40,80,160,320 --epochs 6
 """
 
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BATCHSPEC = str(Path(sys.executable).with_name("batchspec"))
 
 

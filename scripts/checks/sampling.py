@@ -8,8 +8,8 @@
   (two-sample test), each expected to pass, and with the planted bias (every draft accepted,
   ``engines.planted``) expected to fail.
 
-    .venv/bin/python scripts/check_sampling.py                 # both engines, everything
-    .venv/bin/python scripts/check_sampling.py --only tree --rows 8
+    .venv/bin/python scripts/checks/sampling.py                 # both engines, everything
+    .venv/bin/python scripts/checks/sampling.py --only tree --rows 8
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import yaml
 
 from batchspec.io.layout import OutDir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLING = {
     "n": 4,
     "repetition_penalty": 1.15,

@@ -1,4 +1,4 @@
-"""One simulated worker of ``sim_fleet.py``: the product's coordination code, a stand-in engine.
+"""One simulated worker of ``sim.py``: the product's coordination code, a stand-in engine.
 
 The loop mirrors ``work.worker.Worker`` (``run``, ``_run_group``, ``_drive``, ``_commit``) with
 the same objects; what differs is marked: the engine (``StandInEngine``: each unit "generates"

@@ -10,10 +10,10 @@ beside the leases) to count rows that had finished generating but whose unit was
 committed: those rows are generated twice. Target: at most one unit per worker per kill.
 Then it checks that every input id is in the output exactly once and every part is readable.
 
-    .venv/bin/python scripts/bench_resume.py                  # 10 kills, default test job
-    .venv/bin/python scripts/bench_resume.py --trials 20 --workers 2
-    .venv/bin/python scripts/bench_resume.py --job J --trials 2 --no-finish --json
-    .venv/bin/python scripts/bench_resume.py --kill alone      # the worker's pid alone
+    .venv/bin/python scripts/bench/resume.py                  # 10 kills, default test job
+    .venv/bin/python scripts/bench/resume.py --trials 20 --workers 2
+    .venv/bin/python scripts/bench/resume.py --job J --trials 2 --no-finish --json
+    .venv/bin/python scripts/bench/resume.py --kill alone      # the worker's pid alone
 
 The test suite runs the same trials (tests/test_interrupts.py) through this script with
 ``--job`` (its own job, kept afterwards), ``--kill alone``, ``--no-finish`` and ``--json``.
@@ -43,7 +43,7 @@ import yaml
 
 from batchspec.spec.file import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEATH_S = 30.0
 """How long a killed worker's processes may take to die with it (0.1-0.3 s on a quiet
 machine). A child spawned just before the kill dies only once it runs its first instruction

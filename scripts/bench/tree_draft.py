@@ -14,8 +14,8 @@ the same draft, and prints
   ``len(draft_layers) / layers`` of a target forward per depth, so on this CPU it does not pay;
   the figure says by how much).
 
-    .venv/bin/python scripts/bench_tree_draft.py                    # 2 prompts/domain, 64 tokens
-    .venv/bin/python scripts/bench_tree_draft.py --ks 4,8 --rows 4 --skip 10,12,14,16,18,20
+    .venv/bin/python scripts/bench/tree_draft.py                    # 2 prompts/domain, 64 tokens
+    .venv/bin/python scripts/bench/tree_draft.py --ks 4,8 --rows 4 --skip 10,12,14,16,18,20
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
-from _tree_bench_lib import Run, identical, per_step, run, sample, variant  # noqa: E402
+from tree_lib import Run, identical, per_step, run, sample, variant  # noqa: E402
 
 from batchspec.spec.file import load_spec  # noqa: E402
 

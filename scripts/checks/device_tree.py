@@ -18,9 +18,9 @@ Exit status 1 when a check fails. What to carry to the device (no registry there
 spec is a pydantic model): pydantic, pydantic-core (cp312 manylinux), annotated-types,
 typing-inspection (typing-extensions is there).
 
-    .venv/bin/python scripts/device_tree_check.py --stage .device_check     # here, once
-    python3 scripts/device_tree_check.py --device cuda --files .device_check  # on the GPU
-    .venv/bin/python scripts/device_tree_check.py --device cpu --batches 1,4  # here
+    .venv/bin/python scripts/checks/device_tree.py --stage .device_check     # here, once
+    python3 scripts/checks/device_tree.py --device cuda --files .device_check  # on the GPU
+    .venv/bin/python scripts/checks/device_tree.py --device cpu --batches 1,4  # here
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILES = (
     "config.json",
     "generation_config.json",

@@ -1,4 +1,4 @@
-"""Filesystem operations counted by kind, for the fleet simulator (``sim_fleet.py``).
+"""Filesystem operations counted by kind, for the fleet simulator (``sim.py``).
 
 Every ``os`` call that costs a shared filesystem a metadata operation (open/create, stat,
 readdir, link, rename, unlink, mkdir, utime, fsync) is wrapped in this process and counted
@@ -104,7 +104,7 @@ def _site() -> str:
     frame = sys._getframe(3)
     while frame is not None:
         name = frame.f_code.co_filename
-        if "/batchspec/" in name or name.endswith("_fleet_worker.py"):
+        if "/batchspec/" in name or name.endswith("fleet/worker.py"):
             return f"{Path(name).stem}.{frame.f_code.co_name}"
         frame = frame.f_back
     return "?"

@@ -12,8 +12,8 @@ does:
 
 Target: one scheduling decision <= 5 ms; nothing on the engine's per-step path.
 
-    .venv/bin/python scripts/bench_decide.py
-    .venv/bin/python scripts/bench_decide.py --domains 200 --grid 0,1,2,3,4,5,6,7,8,10,12,16,20,24
+    .venv/bin/python scripts/bench/decide.py
+    .venv/bin/python scripts/bench/decide.py --domains 200 --grid 0,1,2,3,4,5,6,7,8,10,12,16,20,24
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from batchspec.speculation.policy import KPolicy
 from batchspec.units import WorkUnit
 from batchspec.work.scheduler import Scheduler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GRID = "0,1,2,3,4,5,6,7,8,10,12,16"
 
 

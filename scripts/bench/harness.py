@@ -1,0 +1,184 @@
+"""What every benchmark does, in one place, so that each benchmark's file says only what it
+measures: the transcript header the docs quote, ABBA rounds over named configurations, ratios
+with their spread across rounds, a balanced sample of a job's rows, ``batchspec run`` on a job
+with ``--set`` overrides (in a subprocess, as a user runs it, or in this process for timing
+without a CLI start), and a measurement in a fresh process (for its own peak RSS).
+
+Benchmarks import it as ``from harness import ...``: Python puts a script's own folder first
+on ``sys.path``, so this works from any working directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]
+BATCHSPEC = str(Path(sys.executable).with_name("batchspec"))
+T = TypeVar("T")
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def header(note: str = "") -> str:
+    """The transcript's first line, as docs/benchmarks.md quotes it: the command, the date, the
+    commit it ran at and the load, so a figure can be traced to what produced it."""
+    script = Path(sys.argv[0]).resolve()
+    rel = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    args = " ".join(sys.argv[1:])
+    line = f"$ .venv/bin/python {rel} {args}".rstrip()
+    line += f"   # {time.strftime('%Y-%m-%d')}, commit {commit or '?'}"
+    line += f", load {os.getloadavg()[0]:.1f}" + (f"; {note}" if note else "")
+    print(line, flush=True)
+    return line
+
+
+def abba(
+    configs: list[str], rounds: int, run: Callable[[str, int], T], show: Callable[[str, T], str]
+) -> dict[str, list[T]]:
+    """Every configuration once per round, the order reversed every other round (ABBA), so that
+    a machine drifting over minutes favours no configuration; ``run(config, round)`` measures,
+    ``show`` gives the line printed after each run. Results per configuration, in round order."""
+    got: dict[str, list[T]] = {c: [] for c in configs}
+    for r in range(rounds):
+        for config in configs if r % 2 == 0 else configs[::-1]:
+            started = time.perf_counter()
+            got[config].append(run(config, r))
+            wall = time.perf_counter() - started
+            print(f"  round {r + 1} {config}: {show(config, got[config][-1])} ({wall:.0f} s)",
+                  flush=True)  # fmt: skip
+    return got
+
+
+def ratio(num: list[float], den: list[float]) -> str:
+    """The ratio of the means, with the range of the per-round ratios: ``1.021 [0.990-1.050]``
+    (the spread is what tells a difference from this machine's noise)."""
+    per = [a / b for a, b in zip(num, den, strict=True)]
+    spread = f" [{min(per):.3f}-{max(per):.3f}]" if len(per) > 1 else ""
+    return f"{statistics.fmean(num) / statistics.fmean(den):.3f}{spread}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def balanced(spec: Any, path: Path, per_domain: int | None = None, rows: int | None = None):
+    """The first ``per_domain`` rows of every domain (or ``rows`` spread evenly over them) of
+    the job's input, sorted by domain and id, written to ``path``; returns the frame."""
+    import polars as pl
+
+    df = pl.concat([pl.read_parquet(f) for f in spec.input_files()])
+    dom = spec.input.domain_column
+    if dom:
+        per = per_domain or max(1, (rows or df.height) // df[dom].n_unique())
+        df = df.sort(dom, spec.input.id_column).group_by(dom, maintain_order=True).head(per)
+    df = df.head(rows) if rows else df
+    df.write_parquet(path)
+    return df
+
+
+def run_cli(job: str | Path, out: Path, sets: list[str], limit: int | None = None) -> dict:
+    """``batchspec run JOB --set ...`` into a fresh ``out``, as a user runs it; its figures
+    from the run logs (``OUT/runs/*.json``): generation tok/s, engine start excluded."""
+    cmd = [BATCHSPEC, "run", str(job), "--output", str(out), "--no-progress"]
+    cmd += ["--limit", str(limit)] if limit else []
+    for s in sets:
+        cmd += ["--set", s]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-3000:]
+        raise SystemExit(f"batchspec run failed ({done.returncode}): {' '.join(cmd)}\n{tail}")
+    logs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
+    tokens, seconds = sum(d["output_tokens"] for d in logs), max(d["generate_s"] for d in logs)
+    engines = [e for d in logs for e in d["engines"]]
+    return {
+        "out": str(out),
+        "tok_s": tokens / seconds,
+        "tokens": tokens,
+        "generate_s": seconds,
+        "build_s": sum(d["engine_build_s"] for d in logs),
+        "engines": engines,
+    }
+
+
+def run_here(spec: Any, out: Path, batch: int | None = None, **speculative: Any) -> dict:
+    """The job through ``run_job`` in this process into ``out`` (``model.max_num_seqs`` and
+    ``speculative`` keys changed where given): generation seconds (engine start and shutdown
+    excluded, everything else counted), output tokens, tok/s and the committed rows."""
+    import polars as pl
+
+    from batchspec.work.worker import run_job
+
+    update: dict[str, Any] = {"output": spec.output.model_copy(update={"dir": str(out)})}
+    if batch is not None:
+        update["model"] = spec.model.model_copy(update={"max_num_seqs": batch})
+    if speculative:
+        update["speculative"] = spec.speculative.model_copy(update=speculative)
+    stats = run_job(spec.model_copy(update=update), progress=False)
+    seconds = stats.wall_s - stats.engine_build_s - stats.engine_close_s
+    rows = pl.read_parquet(out / "parts" / "*.parquet")
+    tokens = stats.output_tokens
+    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds, "rows": rows,
+            "engine_builds": stats.engine_builds}  # fmt: skip
+
+
+def fresh(fn: Callable[..., dict], *args: Any) -> dict:
+    """``fn(*args)`` (a module-level function of a benchmark, JSON arguments and result) in a
+    fresh interpreter, with that process's own peak RSS added as ``peak_mb``: VmHWM, since
+    ``ru_maxrss`` survives exec and a child would report its parent's size."""
+    module = sys.modules[fn.__module__]
+    folder, name = Path(module.__file__).parent, Path(module.__file__).stem
+    code = (
+        f"import json, sys; sys.path[:0] = [{str(folder)!r}, {str(Path(__file__).parent)!r}]\n"
+        f"from {name} import {fn.__name__} as fn\n"
+        "got = fn(*json.loads(sys.argv[1]))\n"
+        "hwm = next(x for x in open('/proc/self/status') if x.startswith('VmHWM:')).split()[1]\n"
+        "print('@@' + json.dumps({**got, 'peak_mb': int(hwm) / 1024}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(args, default=str)],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"{fn.__name__}{args}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    line = next(x for x in reversed(done.stdout.splitlines()) if x.startswith("@@"))
+    return json.loads(line[2:])
+
+
+def cli_here(*argv: str) -> dict:
+    """A ``batchspec`` command in this process (for ``fresh``): its seconds and output."""
+    import io
+
+    from batchspec.cli import main
+
+    started, text = time.perf_counter(), io.StringIO()
+    with contextlib.redirect_stdout(text):
+        main(list(argv), standalone_mode=False)
+    return {"seconds": time.perf_counter() - started, "text": text.getvalue()}
+
+
+@contextlib.contextmanager
+def workdir(keep: str | None, prefix: str) -> Iterator[Path]:
+    """``keep`` (made if needed, left afterwards: its data may be reused) or a temporary
+    folder under /tmp, removed afterwards."""
+    work = Path(keep or tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        yield work
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
