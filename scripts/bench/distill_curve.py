@@ -9,7 +9,8 @@ at 8 nodes against log10(training tokens) and say what the fit gives at a user's
 rows of this job's length (an extrapolation over orders of magnitude, stated as such).
 
     .venv/bin/batchspec run jobs/synth_data.yaml --output /tmp/d3/out
-    .venv/bin/python scripts/bench/distill_curve.py --job jobs/synth_data.yaml --output /tmp/d3/out \\
+    .venv/bin/python scripts/bench/distill_curve.py --job jobs/synth_data.yaml \\
+        --output /tmp/d3/out \\
         --train-rows 40,80,160,320 --epochs 6
 """
 
