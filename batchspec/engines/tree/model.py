@@ -7,9 +7,9 @@ a static, preallocated cache (``cache.KVCache``) and as little per-step work as 
 
 - weights fused at load, and each matrix product run by the kernel that is fastest for its
   row count (``weights.Linear``): four products a layer;
-- query heads are grouped by their KV head into the query-length axis, so grouped-query
-  attention reads K/V without repeating them; attention runs over only the first
-  max(cache_len) + N cache positions with one boolean mask built per forward, not per layer;
+- tree attention (``attention.TreeAttention``) groups query heads by their KV head, so K/V
+  are read without repeating them, over only the first max(cache_len) + N cache positions,
+  with one boolean mask built per forward, not per layer;
 - RoPE tables are computed once for all positions; a node's angle comes from its ``position``
   (cache_len + depth), not from where its KV sits in the cache.
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import LlamaConfig
 
+from batchspec.engines.tree.attention import TreeAttention
 from batchspec.engines.tree.cache import KVCache, Step
 from batchspec.engines.tree.onerow import OneRow
 from batchspec.engines.tree.weights import (
@@ -73,14 +73,6 @@ class TreeModel:
         self.max_batch, self.max_len = max_batch, max_len
         self.vocab_size = cfg.vocab_size
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
-        # On CUDA, PyTorch's default SDPA choice for a boolean mask is cuDNN, which builds a new
-        # plan for every KV length: 1.2 ms of CPU per call, 50 ms a step for a 7B shape on an
-        # H200 against 13.7 ms with memory-efficient attention (2026-11-30, B=1..8, N=1..16).
-        self._sdpa_backends = (
-            None
-            if str(device).startswith("cpu")
-            else [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
-        )
         self.eps = cfg.rms_norm_eps
         self.rope = rope_tables(cfg, max_len, self.dtype, device)
         self.cache = KVCache(
@@ -92,6 +84,7 @@ class TreeModel:
             self.dtype,
             device,
         )
+        self.attend = TreeAttention(cfg, self.cache, device)
         causal = torch.ones(PREFILL_CHUNK, PREFILL_CHUNK, dtype=torch.bool, device=device)
         self._causal = causal.tril()
         self.one_row: OneRow | None = None
@@ -255,7 +248,7 @@ class TreeModel:
     ) -> torch.Tensor:
         """Run the layers over [B, N] new positions; logits of all of them or the last one."""
         if self.one_row is not None and tokens.numel() == 1:
-            return self._forward_one(slots, tokens, positions, tree_mask, offsets)
+            return self.one_row.forward(self, slots, tokens, positions, tree_mask, offsets)
         step = self.cache.step(slots, tokens.shape[1], offsets)
         mask = self.cache.mask(step, tree_mask, self.group)
         cos, sin = self.rope[:, positions].unsqueeze(3)
@@ -266,28 +259,6 @@ class TreeModel:
             x = x[:, -1:]
         x = rms_norm(x, self.weights.norm, self.eps)
         return self.weights.head(x).float()
-
-    def _forward_one(
-        self,
-        slots: list[int],
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        tree_mask: torch.Tensor,
-        offsets: list[int] | None,
-    ) -> torch.Tensor:
-        """``_forward`` of one row and one position by the compiled regions (``onerow``)."""
-        step = self.cache.step(slots, 1, offsets)
-        mask = self.cache.mask(step, tree_mask, self.group)
-        cfg, r = self.cfg, self.one_row
-        heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        cos, sin = self.rope[:, positions].reshape(2, 1, hd)
-        x = self.weights.embedding(tokens).view(-1)
-        for i, layer in enumerate(self.weights.layers):
-            qk, v = r.pre(x, layer.attn_norm, layer.qkv.w, cos, sin, self.eps, heads, kv)
-            o = self._attend(i, qk.view(1, 1, heads + kv, hd), v.view(1, 1, kv, hd), step, mask)
-            w = (layer.out.w, layer.mlp_norm, layer.gate_up.w, layer.down.w)
-            x = r.post(x, o.view(-1), *w, self.eps)
-        return r.head(x, self.weights.norm, self.weights.head.w, self.eps).view(1, 1, -1)
 
     def _layer(
         self,
@@ -323,24 +294,4 @@ class TreeModel:
         qkv = layer.qkv(h).view(b, n, heads + 2 * kv_heads, hd)
         qk, v = qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
         qk = qk * cos + qk.roll(hd // 2, dims=-1) * sin
-        return layer.out(self._attend(index, qk, v, step, mask))
-
-    def _attend(
-        self, index: int, qk: torch.Tensor, v: torch.Tensor, step: Step, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """Write the nodes' K and V (``qk`` [B, N, heads + kv_heads, hd] after RoPE, ``v``),
-        attend over the cache; the heads' outputs [B, N, heads * hd]."""
-        b, n, _, hd = qk.shape
-        heads, kv_heads = self.cfg.num_attention_heads, self.cfg.num_key_value_heads
-        q, k = qk[:, :, :heads], qk[:, :, heads:]
-        self.cache.write(index, step, k, v)
-        keys, values = self.cache.read(index, step)
-        q = q.reshape(b, n, kv_heads, self.group, hd).permute(0, 2, 3, 1, 4)
-        q = q.reshape(b, kv_heads, self.group * n, hd)
-        if self._sdpa_backends is None:
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        else:
-            with sdpa_kernel(self._sdpa_backends):
-                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        o = o.view(b, kv_heads, self.group, n, hd).permute(0, 3, 1, 2, 4)
-        return o.reshape(b, n, heads * hd)
+        return layer.out(self.attend(index, qk, v, step, mask))
