@@ -56,10 +56,15 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def test_progress_lines_count_rows_of_the_run(done_run: tuple[Path, Path, str]) -> None:
-    """stderr is no terminal here: one summary line per --log-every, the last one complete."""
+    """stderr is no terminal here: one summary line per --log-every, the last one complete;
+    a line as the engine starts says so (``engines/starts.py``)."""
     _, out, stderr = done_run
     lines = [line for line in stderr.splitlines() if line.startswith("progress: ")]
     assert lines, stderr[-2000:]
+    starting = [line for line in lines if "starting the engine" in line]
+    assert starting, lines
+    assert re.fullmatch(r"progress: starting the engine \(vLLM(, ~\d+ s last time)?\)", starting[0])
+    lines = [line for line in lines if re.match(r"progress: \d+/", line)]
     done = [int(m.group(1)) for m in (re.match(r"progress: (\d+)/12 rows", x) for x in lines)]
     assert done == sorted(done) and done[-1] == 12
     assert "(100.0%)" in lines[-1] and "0 error rows" in lines[-1] and "ETA 0:00:00" in lines[-1]

@@ -180,6 +180,7 @@ def with_controller(table: pl.DataFrame, view: ControllerView | None) -> pl.Data
 
 
 def _units(n: int) -> str:
+    """``1 unit``, ``2 units``."""
     return f"{n} unit" if n == 1 else f"{n} units"
 
 
@@ -265,11 +266,11 @@ def run_summary(stats: RunStats) -> str:
         )
     notes = []
     if stats.units_failed:
-        notes.append(f"{stats.units_failed} units failed (see {out.failed}; a rerun retries)")
+        notes.append(f"{_units(stats.units_failed)} failed (see {out.failed}; a rerun retries)")
     if stats.engine_failures:
         notes.append(f"{stats.engine_failures} engine failures recovered")
     if stats.units_abandoned:
-        notes.append(f"{stats.units_abandoned} units handed back unfinished")
+        notes.append(f"{_units(stats.units_abandoned)} handed back unfinished")
     if stats.stopped_by_signal:
         notes.append("stopped by signal; rerun to continue")
     if notes:

@@ -7,15 +7,18 @@ worker at a time, the holder of a lock (taken over when its holder goes silent; 
 ``LEAD_S``), which writes their sum (``progress.write_summary``); the others read that sum,
 as often as they show it. A worker that shows nothing (``off``) reads nothing. On a terminal
 it draws a bar with a second line of acceptance per domain; elsewhere (Slurm logs, CI) it
-prints one summary line every ``log_every`` seconds.
+prints one summary line every ``log_every`` seconds. While this worker starts an engine, both
+say so (``starting``): the start is a run's longest silence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import TextIO
 
 from tqdm import tqdm
@@ -107,6 +110,8 @@ class LiveProgress:
         self._tried = -float("inf")
         self._summed = False
         """``_others`` is the summary: every worker's record, this one's included."""
+        self._waiting: str | None = None
+        """What this worker waits for (an engine's start), shown in place of "generating"."""
 
     @staticmethod
     def mode_for(progress: bool, stream: TextIO | None = None) -> str:
@@ -123,9 +128,21 @@ class LiveProgress:
             bar = {"file": self.stream, "dynamic_ncols": True}
             self._bar = tqdm(total=self.rows_total, bar_format=fmt, **bar)
             self._line = tqdm(total=0, bar_format="{desc}", position=1, leave=False, **bar)
-            self._bar.set_description_str("generating")
+            self._bar.set_description_str(self._waiting or "generating")
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self._thread.start()
+
+    @contextlib.contextmanager
+    def starting(self, what: str) -> Iterator[None]:
+        """Shows ``what`` (``engines.starts.starting_line``) while the block runs: on the bar
+        in place of "generating", in log mode as a line at once and in every summary line."""
+        self._waiting = what
+        if self.mode == "log":
+            print(f"progress: {what}", file=self.stream, flush=True)
+        try:
+            yield
+        finally:
+            self._waiting = None
 
     def _loop(self) -> None:
         looked = logged = read = time.monotonic()
@@ -190,6 +207,7 @@ class LiveProgress:
             self._history.popleft()
         if self._bar is not None and self._line is not None:
             self._bar.n = t.rows_done
+            self._bar.set_description_str(self._waiting or "generating", refresh=False)
             self._bar.set_postfix_str(self._status(), refresh=False)
             self._bar.refresh()
             self._line.set_description_str(domain_line(t))
@@ -214,6 +232,8 @@ class LiveProgress:
         t = self.totals
         pct = 100.0 * t.rows_done / t.rows_total if t.rows_total else 100.0
         line = f"progress: {t.rows_done}/{t.rows_total} rows ({pct:.1f}%), {self._status()}"
+        if self._waiting:
+            line += f", {self._waiting}"
         domains = domain_line(t)
         return f"{line} | {domains}" if domains else line
 

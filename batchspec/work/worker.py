@@ -16,6 +16,7 @@ from typing import TextIO
 
 from batchspec.engines import Engine, EngineFailure, open_engine
 from batchspec.engines.quiet import EngineStartError, engine_output, log_size
+from batchspec.engines.starts import remember_start, starting_line
 from batchspec.errors import UserError
 from batchspec.io.checks import Preflight
 from batchspec.io.inputs import PromptBuilder
@@ -74,6 +75,8 @@ class Worker:
         self.tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
         self.reader = pre.reader
         self._source: ClaimingSource | None = None
+        self.live: LiveProgress | None = None
+        """The progress shown (``run``'s): it says when an engine starts (``_build``)."""
         self.record = ProgressLog(self.out, name, stats.run_id, self.leases)  # one record
         self.replays = Replays(spec)
         # Units the policy took only to explore, up to the last engine record: a probe is
@@ -92,7 +95,7 @@ class Worker:
     ) -> None:
         """Run to the end; ``progress``: ``bar``, ``log`` (a line every ``log_every`` s) or
         ``off`` (``LiveProgress``), shown on ``stream`` (default stderr)."""
-        live = LiveProgress(
+        self.live = live = LiveProgress(
             self.record, self.out, self.rows_total, self.rows_before, progress, log_every, stream
         )
         live.start()
@@ -223,8 +226,11 @@ class Worker:
 
     def _build(self, k: int) -> Engine:
         since = log_size()
+        kind, model = self.spec.speculative.engine, self.spec.model.model
+        assert self.live is not None, "engines start within run()"
         try:
-            engine = open_engine(self.spec, k, stopped=lambda: self.stop.stopping)
+            with self.live.starting(starting_line(kind, model)):
+                engine = open_engine(self.spec, k, stopped=lambda: self.stop.stopping)
         except UserError:
             raise
         except Exception as exc:  # its cause is in the engine's output
@@ -232,6 +238,7 @@ class Worker:
             traceback.print_exc()  # into the log (on the terminal when verbose)
             raise error from exc
         self.scheduler.policy.measured_start(engine.build_s)
+        remember_start(kind, model, engine.build_s)
         self.scheduler.policy.engine_up(engine)
         self.replays.engine_up(engine)
         self.stats.engine_build_s += engine.build_s
