@@ -98,6 +98,17 @@ def create_mark(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
 
+class _Under:
+    """A fixed path of an output directory (``OutDir.leases``, ...): ``names`` under its root.
+    One line per path, so the class reads as the layout it names."""
+
+    def __init__(self, *names: str):
+        self.names = names
+
+    def __get__(self, out: OutDir, owner: type | None = None) -> Path:
+        return out.root.joinpath(*self.names)
+
+
 class OutDir:
     """An output directory: the paths in it, and what is committed there.
 
@@ -120,13 +131,24 @@ class OutDir:
 
     # -- paths --------------------------------------------------------------------------------
 
-    @property
-    def manifest(self) -> Path:
-        return self.root / "manifest.json"
-
-    @property
-    def parts(self) -> Path:
-        return self.root / "parts"
+    manifest = _Under("manifest.json")
+    parts = _Under("parts")
+    leases = _Under("leases")
+    progress_dir = _Under("progress")
+    progress_summary = _Under("progress", ".summary.json")
+    """All records added up by one worker (``work.progress``), for the others to read."""
+    progress_lead = _Under("progress", ".summary.lock")
+    """The lock of the worker that writes the summary."""
+    job_record = _Under("job.json")
+    """The job spec the latest run used, with its input files (``batchspec export``)."""
+    failed = _Under("failed")
+    history = _Under("history")
+    runs = _Under("runs")
+    stats = _Under("stats")
+    tuning = _Under("tuning.json")
+    slurm = _Under("slurm")
+    slurm_jobs = _Under("slurm", "jobs.jsonl")
+    staged = _Under("staged")
 
     @property
     def fanout(self) -> bool:
@@ -170,10 +192,6 @@ class OutDir:
         """Unit ids committed in one directory of parts (one listing)."""
         return unit_ids_in(folder, PART_SUFFIX)
 
-    @property
-    def leases(self) -> Path:
-        return self.root / "leases"
-
     def lease(self, unit_id: str) -> Path:
         return self.leases / f"{unit_id}{LEASE_SUFFIX}"
 
@@ -185,76 +203,25 @@ class OutDir:
         """The records of running workers (and of killed ones, until taken over)."""
         return [self.leases / n for n in _listing(self.leases) if n.endswith(HEARTBEAT_SUFFIX)]
 
-    @property
-    def progress_dir(self) -> Path:
-        return self.root / "progress"
-
     def progress_record(self, worker: str) -> Path:
         """Where a worker invocation's progress record (``work.progress``) is kept after it
         ends (while it runs, the record is ``progress(worker)``)."""
         return self.progress_dir / f"{worker}.json"
-
-    @property
-    def progress_summary(self) -> Path:
-        """All records added up by one worker (``work.progress``), for the others to read."""
-        return self.progress_dir / ".summary.json"
-
-    @property
-    def progress_lead(self) -> Path:
-        """The lock of the worker that writes the summary."""
-        return self.progress_dir / ".summary.lock"
 
     def progress_records(self) -> list[Path]:
         """The kept records of worker invocations that ended (or were found dead)."""
         names = _listing(self.progress_dir)
         return [self.progress_dir / n for n in names if n.endswith(".json") and n[0] != "."]
 
-    @property
-    def job_record(self) -> Path:
-        """The job spec the latest run used, with its input files (``batchspec export``)."""
-        return self.root / "job.json"
-
-    @property
-    def failed(self) -> Path:
-        return self.root / "failed"
-
     def failure(self, unit_id: str) -> Path:
         return self.failed / f"{unit_id}.json"
-
-    @property
-    def history(self) -> Path:
-        return self.root / "history"
-
-    @property
-    def runs(self) -> Path:
-        return self.root / "runs"
 
     def engine_log(self, worker: str) -> Path:
         """What a worker's engines printed (``engines.quiet``): kept off the terminal."""
         return self.runs / f"{worker}.log"
 
-    @property
-    def stats(self) -> Path:
-        return self.root / "stats"
-
     def stats_file(self, worker: str) -> Path:
         return self.stats / f"{worker}.jsonl"
-
-    @property
-    def tuning(self) -> Path:
-        return self.root / "tuning.json"
-
-    @property
-    def slurm(self) -> Path:
-        return self.root / "slurm"
-
-    @property
-    def slurm_jobs(self) -> Path:
-        return self.slurm / "jobs.jsonl"
-
-    @property
-    def staged(self) -> Path:
-        return self.root / "staged"
 
     def staged_copy(self, name: str) -> Path:
         """A staged input file: a directory of shards, complete once it exists."""
