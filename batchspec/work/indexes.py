@@ -44,30 +44,49 @@ HELD_S = 30.0
 claim attempt (and looked at again later); one taken since it was listed costs a conflict."""
 
 
+class Listing:
+    """The unit ids of one folder's ``<unit_id><suffix>`` files as last listed, listed again
+    once the listing is ``ttl`` seconds old: what a worker trusts instead of a file operation
+    per unit. A listing that fails (a bad moment of the filesystem) leaves the last one
+    standing, tried again at the next look."""
+
+    def __init__(self, folder: Path, suffix: str, ttl: float):
+        self.folder, self.suffix, self.ttl = folder, suffix, ttl
+        self.at = -float("inf")
+        self.names: set[str] = set()
+
+    def current(self) -> set[str]:
+        if time.monotonic() - self.at >= self.ttl:
+            try:
+                self.names = unit_ids_in(self.folder, self.suffix)
+            except OSError:
+                return self.names
+            self.at = time.monotonic()
+        return self.names
+
+    def age(self) -> float:
+        return time.monotonic() - self.at
+
+    def expire(self) -> None:
+        """Listed again at the next look."""
+        self.at = -float("inf")
+
+
 class HeldIndex:
     """Which units other workers hold, from one listing of leases/ every ``HELD_S``."""
 
     def __init__(self, out: OutDir):
-        self.out = out
-        self._listed: tuple[float, set[str]] = (-float("inf"), set())
+        self.leases = Listing(out.leases, LEASE_SUFFIX, HELD_S)
 
     def held(self, unit_id: str) -> bool:
-        at, names = self._listed
-        if time.monotonic() - at >= HELD_S:
-            try:
-                names = unit_ids_in(self.out.leases, LEASE_SUFFIX)
-            except OSError:  # a bad moment of the filesystem: claims are tried instead
-                names = set()
-            self._listed = (time.monotonic(), names)
-        return unit_id in names
+        return unit_id in self.leases.current()
 
     def stale(self) -> None:
         """A unit the listing showed free was held: list again at the next look, unless the
         listing is younger than a tenth of ``HELD_S`` (a walk over units taken since lists
         once or twice, not per unit; a fleet's end, every few seconds at most)."""
-        at, names = self._listed
-        if time.monotonic() - at > HELD_S / 10:
-            self._listed = (-float("inf"), names)
+        if self.leases.age() > HELD_S / 10:
+            self.leases.expire()
 
 
 class DoneIndex:
@@ -129,18 +148,11 @@ class FailureLog:
     def __init__(self, out: OutDir, run: str):
         self.out = out
         self.run = run
-        self._listed: tuple[float, set[str]] = (-float("inf"), set())
-        """Unit ids with a failure record, as last listed (every ``LIST_S``)."""
+        self._listed = Listing(out.failed, ".json", LIST_S)
+        """Unit ids with a failure record."""
 
     def _recorded(self, unit_id: str) -> bool:
-        at, names = self._listed
-        if time.monotonic() - at >= LIST_S:
-            try:
-                names = unit_ids_in(self.out.failed, ".json")
-            except OSError:
-                return unit_id in names  # listed again at the next look
-            self._listed = (time.monotonic(), names)
-        return unit_id in names
+        return unit_id in self._listed.current()
 
     def record(self, unit: WorkUnit, attempts: int, error: str) -> None:
         self.out.failed.mkdir(parents=True, exist_ok=True)
@@ -155,7 +167,7 @@ class FailureLog:
         tmp = self.out.failed / f".{unit.unit_id}.{uuid.uuid4().hex[:8]}"
         tmp.write_text(json.dumps(data) + "\n")
         os.replace(tmp, self.out.failure(unit.unit_id))
-        self._listed[1].add(unit.unit_id)
+        self._listed.names.add(unit.unit_id)
 
     def failed_in_this_run(self, unit_id: str) -> bool:
         """A failure record of this run (another worker's is seen within ``LIST_S``)."""
@@ -171,6 +183,6 @@ class FailureLog:
         record left behind counts for nothing once the unit's part is there)."""
         if not self._recorded(unit_id):
             return
-        self._listed[1].discard(unit_id)
+        self._listed.names.discard(unit_id)
         with contextlib.suppress(FileNotFoundError):
             self.out.failure(unit_id).unlink()
