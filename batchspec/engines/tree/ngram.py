@@ -78,9 +78,11 @@ class NgramIndex:
             raise ValueError("cannot draft from an empty context")
         ctx = self.tokens
         end = len(ctx)
-        starts = self.matches()
-        read = lambda p: ctx[p] if p < end else None  # noqa: E731
-        return grow(ctx[-1], starts, read, budget, max_depth, branching, paths)
+
+        def read(pos: int) -> int | None:
+            return ctx[pos] if pos < end else None
+
+        return grow(ctx[-1], self.matches(), read, budget, max_depth, branching, paths)
 
 
 class NgramDrafter:

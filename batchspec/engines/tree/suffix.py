@@ -27,11 +27,8 @@ from batchspec.engines.tree.continuations import grow, merge
 from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.engines.tree.shape import DraftTree
-from batchspec.engines.tree.suffix_index import SuffixIndex
+from batchspec.engines.tree.suffix_index import MAX_TOKENS, SuffixIndex
 
-MAX_TOKENS = 1 << 20
-"""Tokens indexed per domain before the oldest are evicted (~13 MB of state per domain at the
-cap on the default job's outputs; docs/trees.md)."""
 SPEC_FACTOR = 1.0
 """Draft nodes from the domain's outputs per token of the matched suffix (Arctic Inference's
 default ``suffix_max_spec_factor``)."""

@@ -8,7 +8,8 @@ that occurred in an earlier output and what followed its occurrences, with less 
 token (a suffix tree in Python costs a node per token per depth):
 
 - ``tokens``: the outputs, in the order they were added, each followed by a separator, in a
-  ring of ``max_tokens`` positions (4 bytes each): the oldest are evicted as new ones arrive.
+  ring that grows to ``max_tokens`` positions (4 bytes each): then the oldest are evicted as
+  new ones arrive.
 - ``_at``: every ``anchor``-gram of an output -> the positions that followed its occurrences,
   ascending (one 8-byte entry per token indexed); a sweep every ``max_tokens`` tokens drops
   evicted entries, so the state stays proportional to ``max_tokens``.
@@ -30,6 +31,9 @@ import bisect
 from array import array
 from collections.abc import Iterable, Sequence
 
+MAX_TOKENS = 1 << 20
+"""Tokens indexed per domain before the oldest are evicted: 12 MB of state once a million of
+the default job's output tokens went through, 19 MB after five million (docs/trees.md)."""
 SEPARATOR = -1
 """Written after each output: no match runs back across it, no continuation runs past it."""
 
@@ -38,7 +42,11 @@ class SuffixIndex:
     """One domain's earlier outputs, bounded to ``max_tokens`` tokens, for drafting."""
 
     def __init__(
-        self, max_tokens: int = 1 << 20, anchor: int = 2, max_match: int = 32, max_matches: int = 64
+        self,
+        max_tokens: int = MAX_TOKENS,
+        anchor: int = 2,
+        max_match: int = 32,
+        max_matches: int = 64,
     ) -> None:
         if max_tokens < 1 or not 1 <= anchor <= max_match or max_matches < 1:
             raise ValueError(
@@ -47,7 +55,9 @@ class SuffixIndex:
             )
         self.max_tokens, self.anchor = max_tokens, anchor
         self.max_match, self.max_matches = max_match, max_matches
-        self.tokens = array("i", [SEPARATOR]) * max_tokens
+        self.tokens = array("i")
+        """The ring: grows to ``max_tokens`` as outputs arrive (a small domain holds only its
+        own tokens), then position p lives at p % max_tokens."""
         self.total = 0
         """Positions written since the index began (outputs and separators): the next one."""
         self._at: dict[tuple[int, ...], array] = {}
@@ -55,20 +65,26 @@ class SuffixIndex:
 
     def add(self, output: Iterable[int]) -> None:
         """Index one finished output (its tokens, in order) and a separator after it."""
-        ring, size, a = self.tokens, self.max_tokens, self.anchor
+        size, a = self.max_tokens, self.anchor
         recent: list[int] = []
         for tok in output:
             if len(recent) >= a:
                 self._at.setdefault(tuple(recent[-a:]), array("q")).append(self.total)
-            ring[self.total % size] = int(tok)
+            self._put(int(tok))
             recent.append(int(tok))
-            self.total += 1
             if len(recent) > 2 * a:
                 del recent[:a]
-        ring[self.total % size] = SEPARATOR
-        self.total += 1
+        self._put(SEPARATOR)
         if self.total - self._swept >= size:
             self._sweep()
+
+    def _put(self, tok: int) -> None:
+        """Write the next position (``total``), over the oldest once the ring is full."""
+        if len(self.tokens) < self.max_tokens:
+            self.tokens.append(tok)
+        else:
+            self.tokens[self.total % self.max_tokens] = tok
+        self.total += 1
 
     def _sweep(self) -> None:
         """Drop the entries whose anchor has been evicted (amortised: once per ring)."""
