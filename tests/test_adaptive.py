@@ -10,18 +10,11 @@ import polars as pl
 import pytest
 from conftest import DOMAINS, IN_PROCESS_ENGINE, SPECULATIVE_MEASURED, run_cli, small_job
 from support.replay_checks import assert_replay_exact
+from support.tuning import edit_tuning, write_ngram_tuning
 
 from batchspec.io.layout import OutDir
-from batchspec.spec.file import load_spec
 from batchspec.speculation.estimator import Observation
-from batchspec.speculation.tuning import (
-    BatchTuning,
-    EngineTuning,
-    TuningFile,
-    read_tuning,
-    tuning_identity,
-    write_tuning,
-)
+from batchspec.speculation.tuning import TuningFile
 
 pytestmark = pytest.mark.engine
 
@@ -48,13 +41,7 @@ def fabricated_tuning(job: Path, path: Path, favour: dict[str, int]) -> None:
                     decode_steps=tokens // 2,
                 )
             )
-    measured = BatchTuning(batch=8, observations=observations)
-    tuning = TuningFile(
-        method="ngram",
-        identity=tuning_identity(load_spec(job)),
-        engines={"vllm": EngineTuning(k_grid=[0, 3], batches=[measured])},
-    )
-    write_tuning(path, tuning)
+    write_ngram_tuning(path, job, observations)
 
 
 def test_run_uses_the_tuned_k_per_domain(tmp_path: Path) -> None:
@@ -93,12 +80,13 @@ def test_run_probes_a_k_nobody_measured_when_enough_work_is_left(
     )
     path = OutDir(tmp_path / "out").tuning
     fabricated_tuning(job, path, {d: 3 for d in DOMAINS})  # measured at K=0 and 3 only
-    tuning = read_tuning(path)
-    assert tuning is not None
-    tuning.engines["vllm"].k_grid = [0, 3, 5]
-    # So cheap that even these 24 rows are worth a probe.
-    tuning.engines["vllm"].engine_build_s = 0.01
-    write_tuning(path, tuning)
+
+    def widen(tuning: TuningFile) -> None:
+        tuning.engines["vllm"].k_grid = [0, 3, 5]
+        # So cheap that even these 24 rows are worth a probe.
+        tuning.engines["vllm"].engine_build_s = 0.01
+
+    edit_tuning(path, widen)
     result = run_cli("run", str(job), "--no-progress", env=IN_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     out = pl.read_parquet(tmp_path / "out" / "parts" / "*.parquet")

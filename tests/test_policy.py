@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import job_dict, run_cli, write_job
+from support.tuning import edit_tuning, write_ngram_tuning
 from test_controller import policy_with_rates
 
 from batchspec.errors import UserError
@@ -21,14 +22,7 @@ from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy, cheapest_engine_set
 from batchspec.speculation.shared import SharedStats
-from batchspec.speculation.tuning import (
-    BatchTuning,
-    EngineTuning,
-    TuningFile,
-    read_tuning,
-    tuning_identity,
-    write_tuning,
-)
+from batchspec.speculation.tuning import TuningFile, tuning_identity
 from batchspec.units import RowRequest, RowResult, SpecStats, WorkUnit
 from batchspec.work.leases import Leases
 from batchspec.work.scheduler import COUNT_WORKERS_S, Scheduler
@@ -224,13 +218,7 @@ def tuned_job(tmp_path: Path, **tuned_with: dict) -> tuple[Path, Path]:
     other = write_job(tmp_path / "other.yaml", job_dict(tmp_path / "out", **tuned_with))
     ob = Observation("code", 3, 8, rows=10, output_tokens=2000, running_s=100.0, accepted=500)
     path = OutDir(tmp_path / "out").tuning
-    measured = BatchTuning(batch=8, observations=[ob])
-    tuning = TuningFile(
-        method="ngram",
-        identity=tuning_identity(load_spec(other)),
-        engines={"vllm": EngineTuning(k_grid=[0, 3], batches=[measured])},
-    )
-    write_tuning(path, tuning)
+    write_ngram_tuning(path, other, [ob])
     return job, path
 
 
@@ -249,10 +237,11 @@ def test_a_tuning_file_from_another_job_is_refused(
     job, path = tuned_job(tmp_path, **tuned_with)
     with pytest.raises(UserError, match=field):
         KPolicy(load_spec(job), OutDir(tmp_path / "out"), "w")
-    tuning = read_tuning(path)
-    assert tuning is not None
-    tuning.identity = tuning_identity(load_spec(job))
-    write_tuning(path, tuning)
+
+    def rebind(tuning: TuningFile) -> None:
+        tuning.identity = tuning_identity(load_spec(job))
+
+    edit_tuning(path, rebind)
     policy = KPolicy(load_spec(job), OutDir(tmp_path / "out"), "w")
     assert ("code", 3) in policy.ctl.obs
 
