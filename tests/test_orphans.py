@@ -20,14 +20,14 @@ import pytest
 from conftest import small_job
 from support.runs import committed
 
-from batchspec.engines.procs import CLOSE_SIGNAL, ENGINE_ENV
+from batchspec.engines.tether import CLOSE_SIGNAL, ENGINE_ENV
 
 DEATH_S = 5.0
 """How soon the orphans must be gone (they die at once; reaping and exits take a moment)."""
 
 SPAWNER = """
 import multiprocessing, os, sys, time
-from batchspec.engines.procs import ENGINE_ENV, arm_engine_process
+from batchspec.engines.tether import ENGINE_ENV, arm_engine_process
 
 def engine_process():
     arm_engine_process()
@@ -43,6 +43,33 @@ if __name__ == "__main__":
 """
 """A stand-in worker: starts one process as vLLM starts its engine core (spawn), which arms
 itself as batchspec's plugin does in every engine process."""
+
+FORKER = """
+import multiprocessing, os, sys, time
+from batchspec.engines.tether import ENGINE_ENV, engine_children_tethered
+
+def model_worker():
+    time.sleep(120)
+
+def engine_core():
+    # vLLM's plugins are not loaded again in a forked process: nothing here arms it, and
+    # the model's worker it forks in turn must be tethered as well.
+    child = multiprocessing.get_context("fork").Process(target=model_worker)
+    child.start()
+    print("model_worker", child.pid, flush=True)
+    time.sleep(120)
+
+if __name__ == "__main__":
+    os.environ[ENGINE_ENV] = str(os.getpid())  # as a worker does
+    with engine_children_tethered():
+        core = multiprocessing.get_context("fork").Process(target=engine_core)
+        core.start()
+    print("core", core.pid, flush=True)
+    time.sleep(120)
+"""
+"""A stand-in worker whose engine forks (vLLM on GPUs, and batchspec's on the CPU): an engine
+core, which forks its model's worker after the start (a process started by the worker later
+is not the engine's)."""
 
 
 def gone(procs: list[psutil.Process]) -> bool:
@@ -101,6 +128,30 @@ def test_an_engine_process_dies_with_its_parent(tmp_path: Path) -> None:
             child.kill()
 
 
+def test_forked_engine_processes_are_armed_at_once_and_die_with_their_parents(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "forker.py"
+    script.write_text(FORKER)
+    worker = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout is not None
+    pids = dict(worker.stdout.readline().split() for _ in range(2))
+    core, model_worker = (psutil.Process(int(pids[name])) for name in ("core", "model_worker"))
+    try:
+        assert model_worker.ppid() == core.pid and core.ppid() == worker.pid
+        # armed by the fork itself: no import and no plugin runs in between
+        assert handles(core.pid, CLOSE_SIGNAL) and handles(model_worker.pid, CLOSE_SIGNAL)
+        core.kill()  # the model's worker dies with the engine core that forked it
+        assert wait_gone([model_worker], DEATH_S) is not None, "outlived its engine core"
+        assert worker.poll() is None  # the worker is not the engine's
+    finally:
+        worker.kill()
+        worker.wait()
+        for proc in (core, model_worker):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
 def test_processes_of_other_vllm_users_are_left_alone(tmp_path: Path) -> None:
     # Without the worker's mark (vLLM run by a benchmark, say) the plugin arms nothing.
     parent, child = start_spawner(tmp_path, engine=False)
@@ -118,7 +169,7 @@ def test_processes_of_other_vllm_users_are_left_alone(tmp_path: Path) -> None:
 def test_a_parent_gone_before_the_binding_means_death_at_once() -> None:
     # The race: the parent died between the start and the prctl call, so this process was
     # handed to another (here: it names a parent that is not its own).
-    code = "from batchspec.engines.procs import die_with_parent; die_with_parent(1); print('alive')"
+    code = "from batchspec.engines.tether import die_with_parent as d; d(1); print('alive')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == -signal.SIGKILL and "alive" not in result.stdout
 

@@ -13,9 +13,8 @@ from pathlib import Path
 CLOSER = """
 import multiprocessing, os, signal, sys, threading, time
 import psutil
-from batchspec.engines.procs import (
-    CLOSE_SIGNAL, ENGINE_ENV, arm_engine_process, ask_to_close, stop_signals_blocked,
-)
+from batchspec.engines.procs import stop_signals_blocked
+from batchspec.engines.tether import CLOSE_SIGNAL, ENGINE_ENV, arm_engine_process, ask_to_close
 
 def engine_core():
     # vLLM's handler as it is: it sets a threading.Event, so a second run of it nested in the

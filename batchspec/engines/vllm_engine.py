@@ -22,14 +22,8 @@ import psutil
 from batchspec.engines import faults
 from batchspec.engines.base import EngineFailure, UnitSource
 from batchspec.engines.planted import maybe_plant_bias
-from batchspec.engines.procs import (
-    ENGINE_ENV,
-    ask_to_close,
-    kill_tree,
-    new_children,
-    spawned_children_bound,
-    stop_signals_blocked,
-)
+from batchspec.engines.procs import kill_tree, new_children, stop_signals_blocked
+from batchspec.engines.tether import ENGINE_ENV, ask_to_close, engine_children_tethered
 from batchspec.engines.vllm_args import engine_kwargs, live_top_k, sampling_params
 from batchspec.engines.vllm_batch import Batch
 from batchspec.engines.vllm_live_k import KEY, set_k
@@ -83,7 +77,7 @@ class VllmEngine:
         maybe_plant_bias()
         started = time.perf_counter()
         os.environ[ENGINE_ENV] = str(os.getpid())  # its processes die with this one (procs)
-        with stop_signals_blocked(), spawned_children_bound():
+        with stop_signals_blocked(), engine_children_tethered():
             before = {p.pid for p in psutil.Process().children()}
             self.llm = LLM(**engine_kwargs(spec, k))
         self.build_s = time.perf_counter() - started

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchspec.engines.procs import die_with_parent
+from batchspec.engines.tether import die_with_parent
 from batchspec.io.layout import OutDir
 from batchspec.io.temps import temp_name
 from batchspec.spec import JobSpec
