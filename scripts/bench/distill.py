@@ -35,6 +35,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 ROOT = Path(__file__).resolve().parents[2]
 
 import torch  # noqa: E402
+from harness import abba, header  # noqa: E402
 from tree_lib import Run, Sample, per_step, run, variant  # noqa: E402
 
 from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch  # noqa: E402
@@ -202,21 +203,27 @@ def d2(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
         hybrid_s = head_s.model_copy(
             update={"speculative": head_s.speculative.model_copy(update={"tree": hybrid_tree})}
         )
-        order = [("plain", plain_s, 0), ("ngram", ngram_s, 4), ("head", head_s, 4)]
-        order.append(("hybrid", hybrid_s, 4))
-        got: dict[str, list[float]] = {}
-        ref = None
-        for label, s, k in order + order[::-1]:
-            r, parts = timed_run(label, s, k, smp)
-            ref = ref or r
-            same = sum(
-                x.token_ids == y.token_ids for x, y in zip(ref.results, r.results, strict=True)
-            )
-            got.setdefault(label, []).append(r.rate)
+        configs = {"plain": (plain_s, 0), "ngram": (ngram_s, 4), "head": (head_s, 4),
+                   "hybrid": (hybrid_s, 4)}  # fmt: skip
+        ref: list[Run] = []
+
+        def one(label: str, r: int, configs=configs, ref=ref) -> tuple[Run, dict[str, float]]:
+            got = timed_run(label, *configs[label], smp)
+            ref[:] = ref or [got[0]]  # the first run: every other's identity is against it
+            return got
+
+        def show(label: str, got: tuple[Run, dict[str, float]], batch=batch, ref=ref) -> str:
+            r, parts = got
+            same = sum(x.token_ids == y.token_ids
+                       for x, y in zip(ref[0].results, r.results, strict=True))  # fmt: skip
             split_s = ", ".join(f"{p} {v:.1f} s" for p, v in parts.items())
-            print(f"batch {batch:>2} {label:<6} {r.rate:7.1f} tok/s  {per_step(r.results):.2f}"
-                  f" tokens/step  identical {same}/{len(r.results)}  ({split_s} of "
-                  f"{r.seconds:.1f} s)", flush=True)  # fmt: skip
+            return (
+                f"batch {batch:>2} {r.rate:7.1f} tok/s  {per_step(r.results):.2f} tokens/step"
+                f"  identical {same}/{len(r.results)}  ({split_s} of {r.seconds:.1f} s)"
+            )
+
+        runs = abba(list(configs), 2, one, show)
+        got = {label: [r.rate for r, _ in rs] for label, rs in runs.items()}
         rate = {k: statistics.mean(v) for k, v in got.items()}
         ratios[batch] = rate["head"] / rate["plain"]
         ratios[-batch] = rate["hybrid"] / rate["plain"]
@@ -262,6 +269,7 @@ def per_depth(head_dir: Path, spec) -> None:
 
 def main() -> None:
     a = parse()
+    header()
     spec = load_spec(a.job, overrides(a))
     head_dir = Path(a.head or Path(a.output) / "drafts" / "eagle3")
     rows, _ = committed_rows(spec, OutDir(spec.output_dir), None)

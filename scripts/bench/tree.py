@@ -37,11 +37,9 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
 ROOT = Path(__file__).resolve().parents[2]
 
+from harness import abba, header, ratio  # noqa: E402
 from tree_lib import (  # noqa: E402
     Run,
     Sample,
@@ -50,12 +48,10 @@ from tree_lib import (  # noqa: E402
     decode_steps_per_s,
     explain,
     identical,
-    mean_rates,
     per_step,
     replay_rows,
     run,
     sample,
-    spread,
     variant,
 )
 
@@ -170,47 +166,45 @@ def t3(b: Bench, ref: Run, nodes: list[int], check_k: int) -> None:
               f"gives the engine's counts on {same}/{len(replayed)} rows", flush=True)  # fmt: skip
 
 
-def t5_batch(b: Bench, batch: int) -> dict:
-    """Every configuration once per round, ABBA; means over rounds."""
-    a = b.args
-    configs = [("tree", k) for k in ints(a.tree_ks)] + [("vllm", k) for k in ints(a.chain_ks)]
-    # Interleave the two engines so neither gets the machine's quieter minutes as a block.
-    trees, chains = configs[: len(ints(a.tree_ks))], configs[len(ints(a.tree_ks)) :]
+def t5_batch(b: Bench, batch: int) -> dict[str, list[Run]]:
+    """Every configuration once per round, ABBA, the two engines interleaved so that neither
+    gets the machine's quieter minutes as a block."""
+    trees = [f"tree K={k}" for k in ints(b.args.tree_ks)]
+    chains = [f"vllm K={k}" for k in ints(b.args.chain_ks)]
     order = [c for pair in zip(trees, chains, strict=False) for c in pair]
-    order += [c for c in configs if c not in order]
-    runs: dict[tuple[str, int], list[Run]] = {c: [] for c in configs}
-    for rnd in range(a.rounds):
-        for eng, k in order if rnd % 2 == 0 else order[::-1]:
-            label = f"{eng} K={k} b{batch} r{rnd + 1}"
-            r = b.tree(label, batch, k) if eng == "tree" else b.vllm(label, batch, k)
-            runs[(eng, k)].append(r)
-            print(f"  {label}: {r.rate:.1f} tok/s ({r.tokens} tok, {r.seconds:.1f} s, "
-                  f"start {r.build_s:.1f} s not counted)", flush=True)  # fmt: skip
-    return runs
+    order += [c for c in trees + chains if c not in order]
+
+    def one(config: str, r: int) -> Run:
+        eng, k = config.split(" K=")
+        label = f"{config} b{batch} r{r + 1}"
+        return b.tree(label, batch, int(k)) if eng == "tree" else b.vllm(label, batch, int(k))
+
+    def show(config: str, r: Run) -> str:
+        return (f"batch {batch}: {r.rate:.1f} tok/s ({r.tokens} tok, {r.seconds:.1f} s, start "
+                f"{r.build_s:.1f} s not counted)")  # fmt: skip
+
+    return abba(order, b.args.rounds, one, show)
 
 
-def t5_row(batch: int, runs: dict) -> str:
-    mean = {c: mean_rates(rs) for c, rs in runs.items()}
-    tree_best = max((c for c in mean if c[0] == "tree"), key=mean.get)
-    vllm_best = max((c for c in mean if c[0] == "vllm"), key=mean.get)
+def t5_row(batch: int, runs: dict[str, list[Run]]) -> str:
+    rates = {c: [r.rate for r in rs] for c, rs in runs.items()}
+    mean = {c: statistics.fmean(v) for c, v in rates.items()}
+    tree_best = max((c for c in mean if c.startswith("tree")), key=mean.get)
+    vllm_best = max((c for c in mean if c.startswith("vllm")), key=mean.get)
     per_k = "; ".join(
-        f"{eng} K={k} {mean[(eng, k)]:.1f} [{spread(runs[(eng, k)])}]"
-        + (f" ({per_step(runs[(eng, k)][0].results):.2f} tok/step)" if k else "")
-        for eng, k in runs
+        f"{c} {mean[c]:.1f} [{'/'.join(f'{x:.1f}' for x in rates[c])}]"
+        + (f" ({per_step(runs[c][0].results):.2f} tok/step)" if not c.endswith("K=0") else "")
+        for c in sorted(runs)
     )
-    ratio = mean[tree_best] / mean[vllm_best]
-    per_round = [
-        f"{t.rate / v.rate:.3f}" for t, v in zip(runs[tree_best], runs[vllm_best], strict=True)
-    ]
     return (
-        f"| {batch} | {mean[tree_best]:.1f} (K={tree_best[1]}) | {mean[vllm_best]:.1f} "
-        f"(K={vllm_best[1]}) | **{ratio:.3f}** (rounds {', '.join(per_round)}) | {per_k} |"
+        f"| {batch} | {mean[tree_best]:.1f} ({tree_best[5:]}) | {mean[vllm_best]:.1f} "
+        f"({vllm_best[5:]}) | **{ratio(rates[tree_best], rates[vllm_best])}** | {per_k} |"
     )
 
 
 def bandwidth(runs: dict) -> None:
     """T4's figure from the batch-1 plain runs of T5."""
-    plain = runs.get(("tree", 0))
+    plain = runs.get("tree K=0")
     if not plain or plain[0].weight_bytes is None:
         return
     rate = statistics.fmean(decode_steps_per_s(r.results) for r in plain)
@@ -239,6 +233,7 @@ def t1_report(b: Bench, ref: Run, vl: Run) -> None:
 
 def main() -> None:
     args = parse()
+    header()
     # A killed run still closes its engine (vLLM's engine process would outlive it).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     batches = ints(args.batches)
@@ -266,7 +261,7 @@ def main() -> None:
         if batch == 1:
             bandwidth(runs)
     print(f"\nT5 output tokens/s, mean of {args.rounds} rounds (tree / vLLM target >= 1.2 at b1)")
-    print("| batch | tree best (K) | vLLM best chain (K) | ratio | per-K figures [rounds] |")
+    print("| batch | tree best (K) | vLLM best chain (K) | ratio [rounds] | per-K [rounds] |")
     print("|---|---|---|---|---|")
     print("\n".join(table))
     t1_report(b, ref, vl)

@@ -8,7 +8,6 @@ result back, engine start and shutdown excluded.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -209,11 +208,3 @@ def explain(vllm_plain: list[RowResult], tree_plain: list[RowResult]) -> list[st
         f"{max(drifts, default=0.0):.2e}, near-tie threshold {threshold:.2e} nats"
     )
     return [head, *lines]
-
-
-def mean_rates(runs: list[Run]) -> float:
-    return statistics.fmean(r.rate for r in runs)
-
-
-def spread(runs: list[Run]) -> str:
-    return "/".join(f"{r.rate:.1f}" for r in runs)
