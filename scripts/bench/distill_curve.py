@@ -20,28 +20,19 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-BATCHSPEC = str(Path(sys.executable).with_name("batchspec"))
+from harness import ROOT, cli, header
 
 
 def distill(args: argparse.Namespace, rows: int) -> dict:
     """One distill at ``rows`` training rows (its own head directory); its record."""
     name = f"curve-{rows}-e{args.epochs}"
-    cmd = [BATCHSPEC, "distill", args.job, "--output", str(args.output), "--name", name]
-    cmd += ["--train-rows", str(rows), "--epochs", str(args.epochs), "--vocab", str(args.vocab)]
-    started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(
-            f"distill failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}"
-        )
+    flags = {"--output": args.output, "--name": name, "--train-rows": rows,
+             "--epochs": args.epochs, "--vocab": args.vocab}  # fmt: skip
+    _, took = cli("distill", args.job, *(str(x) for kv in flags.items() for x in kv), check=True)
     record = json.loads((args.output / "drafts" / name / "record.json").read_text())
-    record["wall_s"] = time.perf_counter() - started
+    record["wall_s"] = took
     return record
 
 
@@ -59,6 +50,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--rows-per-job", type=int, default=100_000, help="the extrapolation's job")
     args = ap.parse_args()
+    header()
     sizes = [int(n) for n in args.train_rows.split(",")]
     cols = (
         "train rows | train tokens | wall s | loss | top-1 d1 | head@4 | ngram@4 | head@8 | ngram@8"

@@ -93,17 +93,25 @@ def balanced(spec: Any, path: Path, per_domain: int | None = None, rows: int | N
     return df
 
 
+def cli(*args: str, env: dict[str, str] | None = None, check: bool = False):
+    """``batchspec ARGS`` in a subprocess from the repository root, output captured (with
+    ``env`` over this environment): the finished process and its wall seconds. ``check``:
+    exit with the command and its output's tail where it failed."""
+    started = time.perf_counter()
+    done = subprocess.run([BATCHSPEC, *args], env=os.environ | (env or {}), capture_output=True,
+                          text=True, cwd=ROOT)  # fmt: skip
+    if check and done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-3000:]
+        raise SystemExit(f"batchspec failed ({done.returncode}): {' '.join(args)}\n{tail}")
+    return done, time.perf_counter() - started
+
+
 def run_cli(job: str | Path, out: Path, sets: list[str], limit: int | None = None) -> dict:
     """``batchspec run JOB --set ...`` into a fresh ``out``, as a user runs it; its figures
     from the run logs (``OUT/runs/*.json``): generation tok/s, engine start excluded."""
-    cmd = [BATCHSPEC, "run", str(job), "--output", str(out), "--no-progress"]
-    cmd += ["--limit", str(limit)] if limit else []
-    for s in sets:
-        cmd += ["--set", s]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        tail = (done.stdout + done.stderr)[-3000:]
-        raise SystemExit(f"batchspec run failed ({done.returncode}): {' '.join(cmd)}\n{tail}")
+    args = ["run", str(job), "--output", str(out), "--no-progress"]
+    args += ["--limit", str(limit)] if limit else []
+    cli(*args, *(x for s in sets for x in ("--set", s)), check=True)
     logs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
     tokens, seconds = sum(d["output_tokens"] for d in logs), max(d["generate_s"] for d in logs)
     engines = [e for d in logs for e in d["engines"]]

@@ -34,13 +34,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import BATCHSPEC, ROOT, abba, balanced, header, run_cli
+from harness import ROOT, abba, balanced, cli, header, run_cli
 from k_choice_table import report
 
 
@@ -121,9 +120,9 @@ def tuned(args: argparse.Namespace, tmp: Path, common: list[str], batch: int) ->
     if not args.tune:
         return None
     out = tmp / f"tune-{batch}"
-    cmd = [BATCHSPEC, "tune", args.job, "--output", str(out), "--batch", str(batch)]
-    cmd += ["--sample", str(args.tune)] + [x for s in common for x in ("--set", s)]
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    sets = [x for s in common for x in ("--set", s)]
+    cli("tune", args.job, "--output", str(out), "--batch", str(batch), "--sample", str(args.tune),
+        *sets, check=True)  # fmt: skip
     return out / "tuning.json"
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +26,9 @@ import yaml
 
 from batchspec.io.layout import OutDir
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from harness import ROOT, cli
+
 SAMPLING = {
     "n": 4,
     "repetition_penalty": 1.15,
@@ -79,11 +79,6 @@ def write_job(
     return path
 
 
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "batchspec", *args]
-    return subprocess.run(cmd, env=os.environ | (env or {}), capture_output=True, text=True)
-
-
 def rows_of(job: Path) -> pl.DataFrame:
     out = OutDir(Path(yaml.safe_load(job.read_text())["output"]["dir"]))
     return pl.read_parquet(out.part_files()).sort("id", "sample_index")
@@ -95,7 +90,7 @@ def compare_rows(tmp: Path, engine: str, k_top: int, args: argparse.Namespace) -
     for k in (0, None):
         name = f"{engine}_rows_k{k_top}_{'plain' if k == 0 else 'spec'}"
         job = write_job(tmp, engine, name, k, {"max_tokens": args.max_tokens, "logprobs": k_top})
-        proc = cli("run", str(job), "--no-progress")
+        proc, _ = cli("run", str(job), "--no-progress")
         if proc.returncode != 0:
             return f"{engine} rows k={k_top}: run exit {proc.returncode}\n{proc.stderr[-2000:]}"
         frames.append(rows_of(job))
@@ -142,7 +137,7 @@ def verify(tmp: Path, engine: str, mode: str, planted: bool, args: argparse.Name
     extra = ["--samples", str(args.samples), "--tokens", str(args.tokens)]
     extra += ["--set", f"sampling.max_tokens={args.max_tokens}"]
     started = time.time()
-    proc = cli("verify", str(job), "--rows", str(rows), *extra, env=BIAS if planted else None)
+    proc, _ = cli("verify", str(job), "--rows", str(rows), *extra, env=BIAS if planted else None)
     took = time.time() - started
     expected = 1 if planted else 0
     out = Path(yaml.safe_load(job.read_text())["output"]["dir"])

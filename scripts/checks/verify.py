@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from harness import ROOT, cli
+
 DRAFT = {"method": "draft_model", "model": "builtin:smollm2-135m-instruct"}
 F32 = {"dtype": "float32"}
 """Not a sampling key: the model dtype of a configuration (default bfloat16)."""
@@ -59,11 +58,8 @@ def run(name: str, tmp: Path, spec: dict, sampling: dict, env: dict, args: argpa
     path = tmp / f"{name.replace(' ', '_')}.yaml"
     path.write_text(yaml.safe_dump(job))
     rows = args.rows if job["sampling"]["temperature"] == 0 else args.sampled_rows
-    cmd = [sys.executable, "-m", "batchspec", "verify", str(path), "--rows", str(rows)]
-    cmd += ["--samples", str(args.samples), "--tokens", str(args.tokens)]
-    started = time.time()
-    proc = subprocess.run(cmd, env=os.environ | env, capture_output=True, text=True, cwd=ROOT)
-    took = time.time() - started
+    proc, took = cli("verify", str(path), "--rows", str(rows), "--samples", str(args.samples),
+                     "--tokens", str(args.tokens), env=env)  # fmt: skip
     reports = sorted(Path(job["output"]["dir"]).glob("verify/report-*.json"))
     if not reports:
         print(f"{name}: exit {proc.returncode}, no report\n{proc.stderr[-2000:]}")

@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from harness import ROOT, cli
+
 PROMPTS = ROOT / "jobs" / "data" / "prompts.parquet"
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 PLANTED = IN_PROCESS | {"BATCHSPEC_INJECT_ACCEPT_ALL": "1"}
@@ -40,19 +39,6 @@ METHODS = ["none", "ngram", "draft_model", "eagle3", "suffix", "eagle", "mtp"]
 SAMPLED_TOKENS = {"eagle3": "4"}
 """Tokens compared by the sampled verify (default 2): a small head's first draft after
 "Maria" was accepted in none of 150 samples, so it is given three speculative positions."""
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    """``batchspec ARGS`` (output captured) and its wall seconds."""
-    started = time.time()
-    proc = subprocess.run(
-        [sys.executable, "-m", "batchspec", *args],
-        env=os.environ | (env or {}),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    return proc, time.time() - started
 
 
 def write_job(path: Path, ids: list[str], speculative: dict, **changes: dict) -> Path:
