@@ -84,6 +84,20 @@ def test_draft_model_trees_are_identical_to_plain_decoding(tmp_path: Path) -> No
     assert spec_run["accepted"] > spec_run["drafted"] / 8 > 0, spec_run
 
 
+def test_suffix_trees_are_identical_to_plain_decoding(tmp_path: Path) -> None:
+    # Two prompts per domain: a domain's second row may draft from its first row's output.
+    job = small_job(
+        tmp_path, 2, speculative={**TREE, "method": "suffix"}, sampling={"max_tokens": 24}
+    )
+    ok = run_cli("verify", str(job), "--rows", "12")
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
+    result = report(tmp_path / "out")
+    (check,) = result["checks"]
+    assert check["dtype"] == "float32" and check["rows"] == check["identical"] == 12
+    (spec_run,) = [e for e in result["engines"] if e["k"] == 6]
+    assert spec_run["method"] == "suffix-tree" and spec_run["accepted"] > 0, spec_run
+
+
 @pytest.mark.parametrize("speculative", [TREE, SELF_DRAFT], ids=["ngram", "draft_model"])
 def test_sampled_trees_pass_and_a_planted_bias_fails(
     tmp_path: Path, speculative: dict, full: bool
