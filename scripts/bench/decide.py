@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import ROOT, header
+
 from batchspec.io.layout import OutDir
 from batchspec.spec.file import load_spec
 from batchspec.speculation.estimator import Observation, expected_tokens
@@ -32,7 +34,6 @@ from batchspec.speculation.policy import KPolicy
 from batchspec.units import WorkUnit
 from batchspec.work.scheduler import Scheduler
 
-ROOT = Path(__file__).resolve().parents[2]
 GRID = "0,1,2,3,4,5,6,7,8,10,12,16"
 
 
@@ -105,6 +106,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--repeat", type=int, default=200)
     args = ap.parse_args()
+    header()
     grid = sorted({int(k) for k in args.grid.split(",")})
     with tempfile.TemporaryDirectory(prefix="bench-decide-") as tmp:
         started = time.perf_counter()

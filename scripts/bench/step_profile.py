@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -32,8 +31,8 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import header  # noqa: E402
 from tree_lib import sample, variant  # noqa: E402
 
 
@@ -93,6 +92,7 @@ def report(steps: list[tuple[int, int, float, float, float]]) -> None:
 
 def main() -> None:
     args = parse()
+    header()
     os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="profile-bench-")
     from batchspec.engines import ListSource, open_engine
     from batchspec.spec.file import load_spec

@@ -28,6 +28,7 @@ from pathlib import Path
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 ROOT = Path(__file__).resolve().parents[2]
 
+from harness import header  # noqa: E402
 from tree_lib import Run, identical, per_step, run, sample, variant  # noqa: E402
 
 from batchspec.spec.file import load_spec  # noqa: E402
@@ -45,6 +46,7 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     a = parse()
+    header()
     # A placeholder draft to pass validation; every run below sets its own layers.
     sets = ["speculative.method=draft_model", "speculative.tree.draft_layers=[0]"]
     spec = load_spec(a.job, [f"sampling.max_tokens={a.max_tokens}", *sets])
