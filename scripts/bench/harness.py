@@ -5,7 +5,8 @@ with ``--set`` overrides (in a subprocess, as a user runs it, or in this process
 without a CLI start), and a measurement in a fresh process (for its own peak RSS).
 
 Benchmarks import it as ``from harness import ...``: Python puts a script's own folder first
-on ``sys.path``, so this works from any working directory.
+on ``sys.path``, so this works from any working directory. Importing it quiets vLLM's and
+transformers' logs (a transcript is read by people) unless the environment says otherwise.
 """
 
 from __future__ import annotations
@@ -31,18 +32,21 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
-def header(note: str = "") -> str:
+def header() -> str:
     """The transcript's first line, as docs/benchmarks.md quotes it: the command, the date, the
     commit it ran at and the load, so a figure can be traced to what produced it."""
     script = Path(sys.argv[0]).resolve()
     rel = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    commit = (
+        subprocess.run(git, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        if shutil.which("git")
+        else ""
+    )
     args = " ".join(sys.argv[1:])
     line = f"$ .venv/bin/python {rel} {args}".rstrip()
     line += f"   # {time.strftime('%Y-%m-%d')}, commit {commit or '?'}"
-    line += f", load {os.getloadavg()[0]:.1f}" + (f"; {note}" if note else "")
+    line += f", load {os.getloadavg()[0]:.1f}"
     print(line, flush=True)
     return line
 
