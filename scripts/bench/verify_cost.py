@@ -1,0 +1,134 @@
+"""What a verify step costs against a plain step at batch 1, and what n-gram drafting adds
+(issue 35, target T1: a verify of N <= 8 nodes within 1.15x a plain step; drafting <= 10 %).
+
+Speculation at batch 1 pays only as far as a verify of N nodes costs what a plain step does:
+the speed-up is tokens per step / (step cost / plain cost). This script builds the target as a
+batch-1 engine does (float32 on the CPU, the compiled one-row regions for plain steps), puts a
+context of ``--context`` tokens in its cache, and times, per node count N, a plain step and a
+verify of a chain of N nodes, alternated in ABBA rounds in one process (the median of
+``--reps`` forwards each), so the ratio holds on a machine whose load drifts. Then it drafts
+n-gram trees (the engine's ``NgramDrafter``, ``--k`` nodes, depth 4) over rows of the
+long-context set, teacher-forced two tokens a step, and prints drafting's share of a step.
+
+    .venv/bin/python scripts/bench/verify_cost.py                 # N = 1, 2, 4, 8, 16
+    .venv/bin/python scripts/bench/verify_cost.py --rounds 4 --reps 7
+    .venv/bin/python scripts/bench/verify_cost.py --threads 1    # on a machine others share
+
+N=1 times the plain step against itself: its ratio is the measurement's own noise.
+
+The last line: ``verify/plain step W at 8 nodes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch: see tree_decode.py
+
+import torch
+from harness import ROOT, abba, header, ratio
+
+from batchspec.engines.tree.drafting import Ask
+from batchspec.engines.tree.model import TreeModel
+from batchspec.engines.tree.ngram import NgramDrafter
+from batchspec.models import embedded_dir, load_tokenizer
+
+MODEL = "smollm2-135m-instruct"
+LONG_SET = ROOT / "jobs" / "data" / "prompts_long.parquet"
+
+
+def chain(n: int, at: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A verify's inputs for a chain of ``n`` nodes behind ``at`` cached tokens (a chain and a
+    tree of the same size cost the same forward: only the mask differs)."""
+    tokens = torch.arange(n).view(1, n) + 100
+    positions = at + torch.arange(n).view(1, n)
+    mask = torch.ones(n, n, dtype=torch.bool).tril().unsqueeze(0)
+    return tokens, positions, mask
+
+
+def seconds(fn: Callable[[], object], reps: int) -> float:
+    """The median wall time of ``reps`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def verify_costs(model: TreeModel, nodes: list[int], rounds: int, reps: int) -> dict:
+    """Plain-step and verify seconds per node count, ABBA; the cache is left as it was."""
+    at = model.cache_len[0]
+    plain = chain(1, at)
+    out = {}
+    for n in nodes:
+        args = chain(n, at)
+        runs = {"plain": plain, "verify": args}
+
+        def run(config: str, _round: int, runs: dict = runs) -> float:
+            return seconds(lambda: model.verify([0], *runs[config]), reps)
+
+        got = abba(list(runs), rounds, run, lambda _c, s: f"{s * 1e3:.1f} ms")
+        out[n] = got
+        print(f"N={n:>2}: verify/plain {ratio(got['verify'], got['plain'])}", flush=True)
+    return out
+
+
+def drafting_seconds(k: int, rows: int, steps: int) -> float:
+    """Seconds per step of n-gram drafting (``draft`` of a tree of ``k`` nodes, depth 4, and
+    ``extend`` by two tokens) over the first ``rows`` prompts of the long-context set."""
+    import polars as pl
+
+    tokenizer = load_tokenizer(embedded_dir(MODEL), "model.tokenizer")
+    prompts = pl.read_parquet(LONG_SET)["prompt"].head(rows).to_list()
+    drafter, spent, count = NgramDrafter(1, 3), 0.0, 0
+    for slot, text in enumerate(prompts):
+        ids = tokenizer(text)["input_ids"]
+        cut = max(1, len(ids) - 2 * steps)
+        drafter.start(slot, ids[:cut])
+        for at in range(cut, len(ids) - 1, 2):
+            started = time.perf_counter()
+            drafter.draft([Ask(slot, k, 4)])
+            drafter.extend(slot, ids[at : at + 2])
+            spent += time.perf_counter() - started
+            count += 1
+        drafter.release(slot)
+    return spent / max(count, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="1,2,4,8,16", help="node counts N to time")
+    parser.add_argument("--context", type=int, default=256, help="cached tokens before a step")
+    parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per node count")
+    parser.add_argument("--reps", type=int, default=5, help="forwards per measurement")
+    parser.add_argument("--k", type=int, default=8, help="draft nodes for the drafting share")
+    parser.add_argument("--rows", type=int, default=8, help="long-context rows drafted over")
+    parser.add_argument("--threads", type=int, help="torch threads (default: one per core)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    header()
+    model = TreeModel.load(embedded_dir(MODEL), torch.float32, "cpu", 1, args.context + 64)
+    compiled = model.use_one_row_kernel()
+    print(f"threads {torch.get_num_threads()}, plain steps compiled: {compiled}", flush=True)
+    model.prefill(0, [(7 * i) % 30000 + 10 for i in range(args.context)])
+    nodes = [int(n) for n in args.nodes.split(",")]
+    costs = verify_costs(model, nodes, args.rounds, args.reps)
+    plain = statistics.fmean(s for got in costs.values() for s in got["plain"])
+    draft = drafting_seconds(args.k, args.rows, steps=32)
+    print(
+        f"n-gram drafting, K={args.k}: {draft * 1e3:.2f} ms a step, "
+        f"{draft / plain:.1%} of a plain step ({plain * 1e3:.1f} ms)"
+    )
+    if 8 in costs:
+        print(f"verify/plain step {ratio(costs[8]['verify'], costs[8]['plain'])} at 8 nodes")
+
+
+if __name__ == "__main__":
+    main()
