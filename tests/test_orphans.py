@@ -48,13 +48,10 @@ FORKER = """
 import multiprocessing, os, sys, time
 from batchspec.engines.tether import ENGINE_ENV, engine_children_tethered
 
-def model_worker():
-    time.sleep(120)
-
-def engine_core():
+def engine_core(method):
     # vLLM's plugins are not loaded again in a forked process: nothing here arms it, and
-    # the model's worker it forks in turn must be tethered as well.
-    child = multiprocessing.get_context("fork").Process(target=model_worker)
+    # the model's worker it starts in turn must be tethered as well.
+    child = multiprocessing.get_context(method).Process(target=time.sleep, args=(120,))
     child.start()
     print("model_worker", child.pid, flush=True)
     time.sleep(120)
@@ -62,14 +59,14 @@ def engine_core():
 if __name__ == "__main__":
     os.environ[ENGINE_ENV] = str(os.getpid())  # as a worker does
     with engine_children_tethered():
-        core = multiprocessing.get_context("fork").Process(target=engine_core)
+        core = multiprocessing.get_context("fork").Process(target=engine_core, args=sys.argv[1:])
         core.start()
     print("core", core.pid, flush=True)
     time.sleep(120)
 """
-"""A stand-in worker whose engine forks (vLLM on GPUs, and batchspec's on the CPU): an engine
-core, which forks its model's worker after the start (a process started by the worker later
-is not the engine's)."""
+"""A stand-in worker whose engine core forks (vLLM on GPUs, and batchspec's on the CPU), then
+starts its model's worker after the start, by fork (vLLM's tensor-parallel workers on GPUs)
+or by spawn (on the CPU: ``vllm_fork``)."""
 
 
 def gone(procs: list[psutil.Process]) -> bool:
@@ -128,20 +125,25 @@ def test_an_engine_process_dies_with_its_parent(tmp_path: Path) -> None:
             child.kill()
 
 
-def test_forked_engine_processes_are_armed_at_once_and_die_with_their_parents(
-    tmp_path: Path,
+@pytest.mark.parametrize("model_worker_by", ["fork", "spawn"])
+def test_a_forked_engine_core_and_its_model_worker_die_with_their_parents(
+    tmp_path: Path, model_worker_by: str
 ) -> None:
     script = tmp_path / "forker.py"
     script.write_text(FORKER)
-    worker = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    cmd = [sys.executable, str(script), model_worker_by]
+    worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert worker.stdout is not None
     pids = dict(worker.stdout.readline().split() for _ in range(2))
     core, model_worker = (psutil.Process(int(pids[name])) for name in ("core", "model_worker"))
     try:
         assert model_worker.ppid() == core.pid and core.ppid() == worker.pid
-        # armed by the fork itself: no import and no plugin runs in between
-        assert handles(core.pid, CLOSE_SIGNAL) and handles(model_worker.pid, CLOSE_SIGNAL)
-        core.kill()  # the model's worker dies with the engine core that forked it
+        # a forked process is armed by the fork itself: no import and no plugin in between
+        assert handles(core.pid, CLOSE_SIGNAL)
+        assert handles(model_worker.pid, CLOSE_SIGNAL) == (model_worker_by == "fork")
+        time.sleep(1.0)  # a spawned one has bound itself by now (0.3 s), to the right parent
+        assert not gone([model_worker]), "the model's worker died of a wrong binding"
+        core.kill()  # the model's worker dies with the engine core that started it
         assert wait_gone([model_worker], DEATH_S) is not None, "outlived its engine core"
         assert worker.poll() is None  # the worker is not the engine's
     finally:

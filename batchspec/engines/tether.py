@@ -171,6 +171,7 @@ def _arm(parent: int) -> None:
     die_with_parent(parent)
     _engine_core = str(parent) == os.environ.get(ENGINE_ENV)
     _tethering = True  # what it forks is the engine's too (the engine core's model workers)
+    os.environ[SPAWN_PARENT_ENV] = str(os.getpid())  # and what it spawns (``spawned``)
     _register_hooks()
     if threading.current_thread() is threading.main_thread():
         signal.signal(CLOSE_SIGNAL, _on_close_signal)

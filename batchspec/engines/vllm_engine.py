@@ -26,6 +26,7 @@ from batchspec.engines.procs import kill_tree, new_children, stop_signals_blocke
 from batchspec.engines.tether import ENGINE_ENV, ask_to_close, engine_children_tethered
 from batchspec.engines.vllm_args import engine_kwargs, live_top_k, sampling_params
 from batchspec.engines.vllm_batch import Batch
+from batchspec.engines.vllm_fork import engine_core_forked
 from batchspec.engines.vllm_live_k import KEY, set_k
 from batchspec.engines.vllm_step_feed import job_step_costs, watch_steps
 from batchspec.spec import JobSpec
@@ -77,7 +78,7 @@ class VllmEngine:
         maybe_plant_bias()
         started = time.perf_counter()
         os.environ[ENGINE_ENV] = str(os.getpid())  # its processes die with this one (procs)
-        with stop_signals_blocked(), engine_children_tethered():
+        with stop_signals_blocked(), engine_children_tethered(), engine_core_forked():
             before = {p.pid for p in psutil.Process().children()}
             self.llm = LLM(**engine_kwargs(spec, k))
         self.build_s = time.perf_counter() - started

@@ -21,16 +21,11 @@ attribute, ``__dict__`` included, with a function wrapper, so a second engine st
 same process after an n-gram engine fails (``'_lib_fn_wrapper' object has no attribute
 'get'``). :func:`rebind_without_lazy_namespaces` hides that module during the scan.
 
-And its CPU platform starts an engine's processes by spawn, whatever was asked: the engine
-core, then its model's worker, each importing vLLM and torch again (~10 s each here, most of
-a ~20 s engine start, over 40 s under load). :func:`fork_on_cpu` lets a batchspec worker's
-engine fork them, as vLLM does on GPUs: they inherit the worker's imports and are tethered by
-an at-fork hook (``engines.tether``). A user's ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` stands.
+The same hook lets a worker's engine core fork on the CPU (``vllm_fork``).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -66,36 +61,6 @@ def rebind_without_lazy_namespaces(rebind: Callable[[Any], None]) -> Callable[[A
     return scan
 
 
-METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
-
-
-def fork_on_cpu() -> None:
-    """Wrap the CPU platform's config check so that, in a batchspec worker starting its
-    engine (``ENGINE_ENV`` is this process), the method it forces back to spawn is fork again.
-
-    vLLM's reason for spawn on the CPU is OpenMP's threads: a child forked from a process
-    whose OpenMP pool runs would inherit a pool without its threads. The model's worker sets
-    its own OpenMP threads and binding as it starts, and a forked one runs generation as the
-    spawned one did (the tests' engines run forked, and one worker runs the tree engine's
-    torch before its vLLM engine: ``tests/test_tune.py``)."""
-    from vllm.platforms.cpu import CpuPlatform
-
-    from batchspec.engines.tether import ENGINE_ENV
-
-    check = CpuPlatform.check_and_update_config
-    if getattr(check, "__wrapped__", None):
-        return
-
-    def check_and_update_config(cls: type, vllm_config: Any) -> None:
-        asked = os.environ.get(METHOD_ENV)
-        check(vllm_config)
-        if os.environ.get(ENGINE_ENV) == str(os.getpid()) and asked != "spawn":
-            os.environ[METHOD_ENV] = "fork"
-
-    check_and_update_config.__wrapped__ = check  # type: ignore[attr-defined]
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
-
-
 def register() -> None:
     """vLLM plugin hook: in a worker's engine processes, die with the worker and close on its
     request, and take K changes (``vllm_live_k``); on the CPU platform, route the rejection
@@ -103,6 +68,7 @@ def register() -> None:
     kernel)."""
     from vllm.platforms import current_platform
 
+    from batchspec.engines import vllm_fork
     from batchspec.engines.tether import arm_engine_process
     from batchspec.engines.vllm_live_k import install
 
@@ -113,7 +79,7 @@ def register() -> None:
     from vllm.v1.sample import rejection_sampler
 
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
-    fork_on_cpu()
+    vllm_fork.install()
     from vllm.triton_utils import dispatcher
 
     if not getattr(dispatcher._rebind_kernels, "__wrapped__", None):

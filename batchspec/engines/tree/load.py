@@ -23,6 +23,7 @@ from batchspec.engines.tree.hybrid import NgramFirst
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.engines.tree.suffix import SuffixDrafter
+from batchspec.engines.vllm_fork import parallel_compute_ran
 from batchspec.models import load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
 
@@ -51,6 +52,7 @@ def load_target(spec: JobSpec, k: int) -> Target:
     in the job's dtype (default: float32 on the CPU, bfloat16 on the GPU)."""
     m = spec.model
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    parallel_compute_ran()  # a vLLM engine started here later spawns (vllm_fork)
     if device == "cpu":
         bind_cpus()
     model_dir = resolve_model(m.model, "model.model", spec.resolve("."), auto_prepare=True)
