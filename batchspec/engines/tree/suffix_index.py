@@ -32,8 +32,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 
 MAX_TOKENS = 1 << 20
-"""Tokens indexed per domain before the oldest are evicted: 12 MB of state once a million of
-the default job's output tokens went through, 19 MB after five million (docs/trees.md)."""
+"""Tokens indexed per domain before the oldest are evicted: 15 MB of state once a million of
+the default job's output tokens went through, 22 MB after five million (docs/trees.md)."""
 SEPARATOR = -1
 """Written after each output: no match runs back across it, no continuation runs past it."""
 
