@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import job_dict
-from test_tree_loop import NGRAM, cycle_model, engine, random_prompts, run
+from test_tree_loop import NGRAM, SUFFIX, cycle_model, engine, random_prompts, run
 
 from batchspec.spec import JobSpec
 from batchspec.speculation.replay import Replayer, ngram_starts, replay_chain, vllm_lookup
@@ -108,6 +108,21 @@ def test_tree_replay_equals_the_engines_counts_greedy_and_sampled() -> None:
         assert sum(real) > 0
         assert [replayer.row(r)[2] for r in got] == real
         assert all(replayer.row(r)[0] == 0 for r in got)
+
+
+def test_suffix_replay_at_batch_1_equals_the_engines_counts() -> None:
+    """``method: suffix`` at batch 1: rows finish in input order and the replayer learns each
+    row after replaying it, so every row drafts from the same earlier rows in both, and the
+    count at K=4 is each row's real one. A replayer that learned nothing counts less."""
+    rows = random_prompts(6, 10, seed=2)
+    torch.manual_seed(0)
+    model = cycle_model(1, noise=0.1)
+    eng = engine(model, 4, SUFFIX, {7})
+    got = run(eng, rows)
+    replayer = tree_replayer(eng, [0, 4])
+    real = [r.spec.accepted if r.spec else 0 for r in got]
+    assert [replayer.row(r)[1] for r in got] == real
+    assert sum(tree_replayer(eng, [4]).row(r)[0] for r in got) < sum(real)
 
 
 def test_sampled_replay_at_another_k_is_an_unbiased_estimate() -> None:
