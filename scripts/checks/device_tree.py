@@ -32,7 +32,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -126,27 +125,12 @@ def job(model_dir: Path, batch: int, max_tokens: int, sampled: bool, draft: bool
     )  # fmt: skip
 
 
-class Source:
-    """One unit, handed over once (``engines.base.UnitSource``)."""
-
-    def __init__(self, unit: Any) -> None:
-        self.units = deque([unit])
-
-    def next_unit(self) -> Any:
-        return self.units.popleft() if self.units else None
-
-    def exhausted(self) -> bool:
-        return not self.units
-
-    def wait(self) -> None:
-        return None
-
-
 def run(spec: Any, k: int, prompts: list[list[int]]) -> dict[str, Any]:
     """One engine over the prompts (even rows seeded, odd rows on the engine's generator):
     the rows' token ids and the mean time of a verify step."""
     import torch
 
+    from batchspec.engines.base import ListSource
     from batchspec.engines.tree.engine import TreeEngine
     from batchspec.units import RowRequest, UnitRequests, WorkUnit
 
@@ -170,7 +154,7 @@ def run(spec: Any, k: int, prompts: list[list[int]]) -> dict[str, Any]:
     started = time.perf_counter()
     results = [
         r
-        for res in engine.run(Source(UnitRequests(unit, rows)), lambda: False)
+        for res in engine.run(ListSource([UnitRequests(unit, rows)]), lambda: False)
         for r in res.results
     ]
     seconds = time.perf_counter() - started
