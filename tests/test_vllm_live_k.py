@@ -65,6 +65,17 @@ def test_a_fixed_k_or_vllms_own_schedule_gets_exactly_the_engine_asked_for(
     assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 8, 0]]
 
 
+def test_under_data_parallelism_a_k_change_is_another_engine(tmp_path: Path) -> None:
+    # vLLM disables its K schedule with data_parallel_size > 1: an engine built for K per unit
+    # would ignore every unit's K, so the job gets engines at each K, as before K per unit.
+    job = job_dict(tmp_path / "out", model={"engine_kwargs": {"data_parallel_size": 2}})
+    spec = load_spec(write_job(tmp_path / "job.yaml", job))
+    assert spec.speculative.adaptive and live_top_k(spec) is None
+    cfg = speculative_config(spec, 3)
+    assert cfg is not None and cfg["num_speculative_tokens"] == 3
+    assert speculative_config(spec, 0) is None
+
+
 def request(k: int | None, drafts: list[int] | None = None) -> SimpleNamespace:
     """A request as vLLM's scheduler holds it: its sampling parameters, its drafts."""
     extra = None if k is None else {KEY: k}

@@ -34,9 +34,13 @@ def on_cpu() -> bool:
 def live_top_k(spec: JobSpec) -> int | None:
     """The K an adaptive job's vLLM engines are built with, to run any K up to it without a
     rebuild (``vllm_live_k``): the largest K the controller may choose. None where K is not
-    chosen (a fixed K gets exactly the engine it asked for) or vLLM's own schedule is set."""
+    chosen (a fixed K gets exactly the engine it asked for) or vLLM's own schedule is set, and
+    under data parallelism, where vLLM disables the schedule K per unit rides on: there a K
+    change is another engine, as it was before K per unit."""
     s = spec.speculative
     if not s.adaptive or s.method == "none" or s.k_by_batch_size is not None:
+        return None
+    if int(spec.model.engine_kwargs.get("data_parallel_size", 1)) > 1:
         return None
     top = max([*s.k_grid, s.num_speculative_tokens, *s.per_domain.values()])
     return top if top > 0 else None
