@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,3 +215,18 @@ def load_tokenizer(path: Path, field: str) -> Any:
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:
         raise UserError(f"{field}: cannot load a tokenizer from {path} ({exc})") from None
+
+
+def read_safetensors(model_dir: Path, keep: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """The tensors of the directory's safetensors file(s) whose names ``keep`` accepts (all by
+    default), on the CPU as stored; empty where it has none (what that means is the caller's
+    to say: the tree engine reads only safetensors, a draft cut writes them)."""
+    from safetensors import safe_open
+
+    tensors = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if keep is None or keep(name):
+                    tensors[name] = fh.get_tensor(name)
+    return tensors

@@ -61,23 +61,19 @@ def cut_layers(src: Path, dst: Path, layers: int) -> None:
     cut gets its own); the config's layer count (and a per-layer ``layer_types`` list, where
     there is one) is cut to match the weights.
     """
-    from safetensors import safe_open
     from safetensors.torch import save_file
+
+    from batchspec.models import read_safetensors  # here: models imports this module
 
     config = json.loads((src / "config.json").read_text())
     total = config.get("num_hidden_layers")
     if not isinstance(total, int) or not 0 < layers < total:
         raise UserError(f"cannot cut {src.name} to {layers} layers: it has {total}")
-    files = sorted(src.glob("*.safetensors"))
-    if not files:
+    tensors = read_safetensors(
+        src, keep=lambda name: (m := LAYER.match(name)) is None or int(m[1]) < layers
+    )
+    if not tensors:
         raise UserError(f"cannot cut {src.name}: no safetensors weights")
-    tensors = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                match = LAYER.match(name)
-                if match is None or int(match[1]) < layers:
-                    tensors[name] = fh.get_tensor(name)
     dst.mkdir(parents=True, exist_ok=True)
     weights = [p for pattern in WEIGHT_FILES for p in src.glob(pattern)]
     for path in sorted(src.iterdir()):

@@ -34,7 +34,7 @@ from batchspec.engines.tree.weights import (
     convert,
     llama_config,
     random_weights,
-    read_safetensors,
+    read_weights,
     rope_tables,
 )
 
@@ -97,7 +97,7 @@ class TreeModel:
         """Read a HF Llama directory's config.json and safetensors weights."""
         config = json.loads((Path(model_dir) / "config.json").read_text())
         cfg = llama_config(config)
-        weights = convert(cfg, read_safetensors(Path(model_dir)), dtype, device)
+        weights = convert(cfg, read_weights(Path(model_dir)), dtype, device)
         return cls(cfg, weights, device, max_batch, max_len)
 
     @classmethod

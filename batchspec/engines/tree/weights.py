@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from batchspec.errors import UserError
+from batchspec.models import read_safetensors
 
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 """RoPE variants whose angles depend on the position only (not on the sequence length)."""
@@ -148,16 +148,11 @@ def rope_tables(cfg: LlamaConfig, max_len: int, dtype: torch.dtype, device: str)
     return tables.to(device=device, dtype=dtype)
 
 
-def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's safetensors file(s), on the CPU as stored."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
+    tensors = read_safetensors(model_dir)
+    if not tensors:
         raise UserError(f"{model_dir}: no .safetensors weights (the tree engine reads only those)")
-    tensors = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                tensors[name] = f.get_tensor(name)
     return tensors
 
 
