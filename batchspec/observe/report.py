@@ -138,12 +138,16 @@ def _table(title: str, header: list[str], lines: list[list[str]], markdown: bool
 
 
 def format_step_fit(out: OutDir) -> str:
-    """vLLM's step cost as fitted from its steps (``engines.vllm_steps``): the terms, and per
-    engine K the measured mean step against the fit's; empty where no run fitted one."""
+    """The step costs K was priced by: vLLM's fit of its steps (``engines.vllm_steps``: the
+    terms, and per engine K the measured mean step against the fit's), or the tree engine's
+    profile checked against the run's steps (``format_profile_check``); empty where no run
+    wrote either."""
     found = read_step_fit(out)
     if found is None:
         return ""
     batch, fit = found
+    if fit.get("kind") == "tree-profile":
+        return format_profile_check(batch, fit)
     c = {name: value * 1000 for name, value in fit.get("coefficients", {}).items()}
     if not c:
         return f"vLLM step cost: {fit.get('steps', 0)} steps seen, too few to fit"
@@ -163,6 +167,34 @@ def format_step_fit(out: OutDir) -> str:
         f"K={k} {s * 1000:.1f}±{e * 1000:.1f}" for k, (s, e) in fit.get("priced", {}).items()
     )
     lines.append(f"  a decode step of {batch} rows, ms: {priced}")
+    return "\n".join(lines)
+
+
+def format_profile_check(batch: int, check: dict) -> str:
+    """The tree engine's step profile against the run's own steps (``engines.tree.step_check``):
+    the mean ratio, whether it rescaled the profile, each cell with steps enough to judge
+    (measured against profiled, and whether its own figure replaced the profile's), and the
+    price of every K beside its profiled forward."""
+    band = f"±{check['tolerance'] - 1:.0%}"
+    verdict = (
+        f"beyond {band} and noise: profile scaled x{check['scale']:.2f}"
+        if check["scale"] != 1.0
+        else f"within {band} or noise: profile kept"
+    )
+    lines = [
+        f"tree step profile, checked against {check['steps']} steps of this run: measured /"
+        f" profiled {check['ratio']:.2f} on average, {verdict}"
+    ]
+    for c in check["cells"]:
+        lines.append(
+            f"  {c['batch']} rows, {c['nodes']} nodes: {c['steps']} steps, measured"
+            f" {c['measured_s'] * 1000:.1f} ms a step, profiled {c['profiled_s'] * 1000:.1f} ms"
+            + (": priced as measured" if c["replaced"] else "")
+        )
+    priced = ", ".join(
+        f"K={k} {s * 1000:.1f} (profiled {p * 1000:.1f})" for k, (s, p) in check["priced"].items()
+    )
+    lines.append(f"  a step of {batch} rows, ms: {priced}")
     return "\n".join(lines)
 
 

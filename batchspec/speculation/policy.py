@@ -131,7 +131,7 @@ class KPolicy:
         cost = self.ctl.step_cost
         if cost is not None and self.adaptive:
             seconds = {k: cost(k) for k in self.ctl.k_grid}
-            summary = getattr(self._profile, "summary", None)  # vLLM's fit: its figures
+            summary = getattr(self._profile, "summary", None)  # the fit, or the check
             fit = summary(self.ctl.batch, self.ctl.k_grid) if summary else None
             write_step_costs(self.out, self.worker, self.engine, self.ctl.batch, seconds, fit)
 
@@ -141,7 +141,7 @@ class KPolicy:
             ob.engine = self.engine
             self.ctl.add(ob)
             self.shared.append(ob)
-            self._write_steps()  # real steps refine the profile
+            self._write_steps()  # real steps correct the prices
 
     def decide(self, rows: dict[Domain, int], engine_k: int | None, workers: int = 1) -> Decision:
         """The plan and the probe for the rows left (``workers`` share them), in one pass."""

@@ -4,7 +4,7 @@ The K controller prices every K by the engine's step profile (the tree engine's,
 ``engines/tree/profile.py``) or by vLLM's fit of its own steps (``engines/vllm_steps.py``),
 which only a process with the engine can measure. So each
 worker writes the seconds per step it priced K with (``OUT/stats/steps-<worker>.json``,
-rewritten as real steps refine them), and ``report`` and ``status`` price K as the run did.
+rewritten as real steps correct them), and ``report`` and ``status`` price K as the run did.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ def write_step_costs(
     fit: dict[str, Any] | None = None,
 ) -> None:
     """This worker's seconds per step by K at ``batch`` on ``engine`` (atomic rewrite; K not
-    priced yet left out), and on vLLM the fit they come from (``engines.vllm_steps``)."""
+    priced yet left out), and what they come from: on vLLM the fit of its steps
+    (``engines.vllm_steps``), on the tree engine its profile's check against the run's steps
+    (``engines.tree.step_check``, ``"kind": "tree-profile"``)."""
     out.stats.mkdir(parents=True, exist_ok=True)
     path = steps_path(out, worker)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -75,8 +77,8 @@ def read_step_costs(out: OutDir, engine: str | None, batch: int) -> Callable[[in
 
 
 def read_step_fit(out: OutDir) -> tuple[int, dict[str, Any]] | None:
-    """The batch size and the newest worker's fit of vLLM's steps (``write_step_costs``);
-    None when no worker fitted one."""
+    """The batch size and the newest worker's account of its step costs (``write_step_costs``:
+    vLLM's fit, or the tree profile's check); None when no worker wrote one."""
     found = []
     for mtime, data in _step_files(out):
         if isinstance(data.get("fit"), dict):

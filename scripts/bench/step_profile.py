@@ -6,8 +6,8 @@ and what the profile costs. Embedded model, the job's dtype, greedy, CPU (or the
 2. The sample's rows run through that engine in units at mixed K (``--ks``, dealt out in
    turn: rows of every K share the batch, as with per-domain K), and every step's real
    seconds are set against two predictions made before the step is fed back: the measured
-   forward alone (``forward_seconds``) and the profile refined by the steps so far
-   (``seconds``, what the K controller reads).
+   forward alone (``forward_seconds``) and the profile as the steps so far corrected it
+   (``seconds``, what the K controller reads: ``step_check``).
 
 3. The same rows at K=0 on that engine (every unit at K=0): each row of the mixed-K pass must
    be token-identical to it (greedy, the job's float32: the real model's check of K per unit).
@@ -78,7 +78,7 @@ def report(steps: list[tuple[int, int, float, float, float]]) -> None:
     for s in steps:
         by_nodes[s[1]].append(s)
     print(f"{'nodes':>5} {'steps':>6} {'real ms':>8}  {'forward: med err':>16} {'sum ratio':>9}"
-          f"  {'refined: med err':>16} {'sum ratio':>9}")  # fmt: skip
+          f"  {'checked: med err':>16} {'sum ratio':>9}")  # fmt: skip
     for nodes, group in [*sorted(by_nodes.items()), ("all", steps)]:
         real = [g[2] for g in group]
         cols = []
@@ -122,6 +122,10 @@ def main() -> None:
     print(f"{len(smp.rows)} rows at K {ks} (batch {args.batch}): {len(rec.steps)} steps, "
           f"{tokens} tokens in {wall:.1f} s; per-step real vs predicted:")  # fmt: skip
     report(rec.steps)
+    check = profile.check
+    print(f"check after the run: measured / profiled {check.pool.mean_ratio():.2f} over "
+          f"{check.pool.steps} steps, profile scaled x{check.scale:.2f}, cells priced as "
+          f"measured {sorted(check.replaced)}")  # fmt: skip
     plain = list(eng.run(ListSource(units(smp, [0] * len(ks))), lambda: False))
     eng.close()
     want = {r.request.row: r.token_ids for d in plain for r in d.results}

@@ -100,7 +100,7 @@ class TreeEngine:
     def step_profile(self) -> StepProfile:
         """Seconds per step by batch size and draft nodes (``profile``) for every K the job
         may ask: loaded from the cache or measured on first use (the engine must be idle
-        then), refined by this engine's own steps from then on."""
+        then), checked against this engine's own steps from then on (``step_check``)."""
         if self._profile is None:
             s = self.spec.speculative
             grid = {self.k, *s.k_grid, *s.per_domain.values()} if self.drafter else {0}
@@ -235,7 +235,7 @@ class TreeEngine:
 
     def _step(self) -> None:
         """One verify forward for every row in flight, then acceptance row by row; its
-        seconds refine the step profile once someone asked for it."""
+        seconds check the step profile once someone asked for it."""
         started = time.perf_counter()
         trees = self._trees()
         lens = self.model.cache_len

@@ -16,10 +16,10 @@ The table is cached per machine, model, dtype, device and thread count in the us
 only the cells it lacks. Between measured cells, ``seconds`` interpolates linearly (and
 extrapolates from the last two cells beyond them).
 
-A real step costs more than its forward (drafting, acceptance, Python), so the engine feeds
-its own step times back (``observe``): per node count, the ratio of real to predicted
-seconds, averaged as steps come in, scales that column's predictions. The ratios are the
-run's (they depend on the drafter and the rows' contexts) and are not written to the cache.
+A cached profile is not trusted: the engine feeds every real step back (``observe``), and
+where the run's own steps disagree with the profile beyond noise, the profile is rescaled or
+the step's cell priced from the run's figures (``step_check``: the rule, and why the cache
+keeps only the synthetic forwards).
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from batchspec.engines.tree.model import TreeModel
+from batchspec.engines.tree.step_check import StepCheck
 
 CONTEXT = 256
 """Cached tokens behind every measured row: attention cost grows with context, and a few
@@ -47,8 +49,6 @@ REPEATS = 3
 CELL_BUDGET_S = 0.2
 """Timed seconds after which a cell stops repeating: a forward that long varies little
 between repetitions, and the widest cells would otherwise cost most of the profile."""
-REFINE_WEIGHT = 0.05
-"""Weight of each real step in the running real/predicted ratio (about the last 20 steps)."""
 
 
 @dataclass
@@ -63,10 +63,8 @@ class StepProfile:
     """The cache key: machine, model, dtype, device, threads, context."""
     measured_s: float = 0.0
     """Seconds this build spent measuring cells (0: all of them came from the cache)."""
-    ratio: dict[int, float] = field(default_factory=dict)
-    """Per node count, real over predicted step seconds from this run's steps."""
-    observed: dict[int, int] = field(default_factory=dict)
-    """Per node count, the real steps behind ``ratio``."""
+    check: StepCheck = field(default_factory=StepCheck)
+    """This run's real steps against the table, and the corrections they call for."""
 
     def forward_seconds(self, batch: int, nodes: int) -> float:
         """The verify forward's measured seconds, interpolated between cells."""
@@ -75,26 +73,22 @@ class StepProfile:
 
     def seconds(self, batch: int, nodes: int) -> float:
         """Predicted seconds of a step of ``batch`` rows whose widest tree has ``nodes`` draft
-        nodes (0: a plain decode step): the measured forward, scaled by the real steps'
-        ratio for the nearest node count observed."""
-        return self.forward_seconds(batch, nodes) * self._ratio(nodes)
+        nodes (0: a plain decode step): the measured forward, as this run's own steps have
+        corrected it (``step_check``)."""
+        return self.check.price((batch, nodes), self.forward_seconds(batch, nodes))
 
     def observe(self, batch: int, nodes: int, seconds: float) -> None:
-        """A real step's seconds: refines the predictions for ``nodes`` draft nodes."""
+        """A real step's seconds: checked against the profile's cell."""
         predicted = self.forward_seconds(batch, nodes)
-        if predicted <= 0 or seconds <= 0:
-            return
-        seen = self.observed.get(nodes, 0)
-        weight = max(REFINE_WEIGHT, 1.0 / (seen + 1))
-        old = self.ratio.get(nodes, 1.0)
-        self.ratio[nodes] = old + weight * (seconds / predicted - old)
-        self.observed[nodes] = seen + 1
+        if predicted > 0 and seconds > 0:
+            self.check.add((batch, nodes), seconds, predicted)
 
-    def _ratio(self, nodes: int) -> float:
-        if not self.ratio:
-            return 1.0
-        nearest = min(self.ratio, key=lambda n: (abs(n - nodes), n))
-        return self.ratio[nearest]
+    def summary(self, batch: int, grid: list[int]) -> dict[str, Any]:
+        """For the run's step file and ``report``: the check (cells measured against
+        profiled) and, at ``batch``, each K's price beside its profiled forward."""
+        profiled = {c: self.forward_seconds(*c) for c in self.check.cells}
+        priced = {k: [self.seconds(batch, k), self.forward_seconds(batch, k)] for k in grid}
+        return {"kind": "tree-profile", **self.check.summary(profiled), "priced": priced}
 
 
 def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
