@@ -81,7 +81,7 @@ def test_missing_spec_file(tmp_path: Path) -> None:
         ),
         (
             {"speculative": {"method": "eagle", "model": "x", "tree": {}}},
-            ["speculative", "ngram, draft_model or eagle3", "engine: vllm, no tree key"],
+            ["speculative", "ngram, suffix, draft_model or eagle3", "engine: vllm, no tree key"],
         ),
         (
             {"speculative": {"method": "suffix", "engine": "auto"}},
