@@ -63,6 +63,16 @@ def test_report_shows_each_domains_k_and_its_replayed_acceptance(out: OutDir) ->
     assert format_k_view(view, markdown=True).startswith("| domain | chosen_K |")
 
 
+def test_a_k_that_ran_has_its_column_where_replay_did_not_reach_it(out: OutDir) -> None:
+    # Replay works within a time budget: under load a unit's rows may be replayed at the
+    # small K only. The K they ran at still shows, marked measured (seen in CI: K=8 missing).
+    SharedStats(out, "w1").append(unit("odd", 5, {0: 0, 1: 30}))
+    text = format_k_view(controller_view(out)).splitlines()
+    assert text[1].split() == ["domain", "chosen_K", "tok/s", "K=0", "K=1", "K=3", "K=5"]
+    odd = next(line.split() for line in text if line.startswith("odd"))
+    assert odd[-1] == "-*" and odd[-2] == "-"
+
+
 def test_status_shows_the_same_per_domain(out: OutDir) -> None:
     view = controller_view(out)
     totals = RunTotals(40)

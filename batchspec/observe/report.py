@@ -92,20 +92,21 @@ def format_k_view(view: ControllerView, markdown: bool = False) -> str:
     candidate): where speculation pays. Without a replayed row, one line saying that the
     acceptance at every K is the geometric model's: which of the two a run's K rests on."""
     batch, per_domain = view
-    grid = sorted({k for v in per_domain.values() for k in v.replayed})
-    if not grid:
+    if not any(v.replayed for v in per_domain.values()):
         return (
             f"K per domain at batch {batch}: no row replayed (replay is exact for n-gram "
             "drafts only); acceptance at every K from the geometric model, alpha from the "
             "engine's own counts"
         )
+    # A K some rows ran at has its column even where replay did not reach it (its time budget).
+    grid = sorted({k for v in per_domain.values() for k in (*v.replayed, *v.measured)})
     header = ["domain", "chosen_K", "tok/s", *(f"K={k}" for k in grid)]
     lines = []
     for domain, v in per_domain.items():
         cells = [domain or "-", str(v.k), _fmt(v.tokens_per_s, 1)]
         for k in grid:
             mark = "*" if k in v.measured else ("" if k in v.priced else "?")
-            cells.append(f"{v.replayed[k]:.2f}{mark}" if k in v.replayed else "-")
+            cells.append(f"{v.replayed[k]:.2f}{mark}" if k in v.replayed else f"-{mark}")
         lines.append(cells)
     title = (
         f"K per domain at batch {batch}: replayed tokens per step at each K "
