@@ -46,22 +46,27 @@ itself as batchspec's plugin does in every engine process."""
 
 FORKER = """
 import multiprocessing, os, sys, time
+from pathlib import Path
 from batchspec.engines.tether import ENGINE_ENV, engine_children_tethered
+
+def note(name, pid):  # a file each: the processes share no pipe to write into at once
+    Path(sys.argv[2], name + ".tmp").write_text(str(pid))
+    os.rename(Path(sys.argv[2], name + ".tmp"), Path(sys.argv[2], name))
 
 def engine_core(method):
     # vLLM's plugins are not loaded again in a forked process: nothing here arms it, and
     # the model's worker it starts in turn must be tethered as well.
     child = multiprocessing.get_context(method).Process(target=time.sleep, args=(120,))
     child.start()
-    print("model_worker", child.pid, flush=True)
+    note("model_worker", child.pid)
     time.sleep(120)
 
 if __name__ == "__main__":
     os.environ[ENGINE_ENV] = str(os.getpid())  # as a worker does
     with engine_children_tethered():
-        core = multiprocessing.get_context("fork").Process(target=engine_core, args=sys.argv[1:])
+        core = multiprocessing.get_context("fork").Process(target=engine_core, args=sys.argv[1:2])
         core.start()
-    print("core", core.pid, flush=True)
+    note("core", core.pid)
     time.sleep(120)
 """
 """A stand-in worker whose engine core forks (vLLM on GPUs, and batchspec's on the CPU), then
@@ -131,11 +136,13 @@ def test_a_forked_engine_core_and_its_model_worker_die_with_their_parents(
 ) -> None:
     script = tmp_path / "forker.py"
     script.write_text(FORKER)
-    cmd = [sys.executable, str(script), model_worker_by]
-    worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert worker.stdout is not None
-    pids = dict(worker.stdout.readline().split() for _ in range(2))
-    core, model_worker = (psutil.Process(int(pids[name])) for name in ("core", "model_worker"))
+    worker = subprocess.Popen([sys.executable, str(script), model_worker_by, str(tmp_path)])
+    noted = [tmp_path / "core", tmp_path / "model_worker"]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() for p in noted):
+        assert worker.poll() is None and time.monotonic() < deadline, "no engine started"
+        time.sleep(0.05)
+    core, model_worker = (psutil.Process(int(p.read_text())) for p in noted)
     try:
         assert model_worker.ppid() == core.pid and core.ppid() == worker.pid
         # a forked process is armed by the fork itself: no import and no plugin in between
