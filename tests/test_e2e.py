@@ -243,11 +243,9 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path: Path) -> None:
     assert set(out["acceptance_rate"]) == {1.0}
 
 
-def test_retry_errors_regenerates_only_error_rows(ngram_run, full: bool) -> None:
-    """A second engine start: runs with ``--full`` (the suite's time budget); by default the
-    merge itself is proven by ``test_writer``'s retry test."""
-    if not full:
-        pytest.skip("another engine start: runs with --full")
+def test_retry_errors_regenerates_only_error_rows(ngram_run) -> None:
+    """A second engine start on real vLLM (``test_writer``'s retry test proves the merge
+    itself without one)."""
     path, source, before, _ = ngram_run
     out = path.parent / "out"
     result = run_cli("run", str(path), "--retry-errors", "--no-progress", env=IN_PROCESS_ENGINE)
