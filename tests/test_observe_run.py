@@ -142,7 +142,11 @@ def test_report_markdown_and_plots(done_run: tuple[Path, Path, str], tmp_path: P
     for line in k_view[2:]:
         cells = line.split(" | ")
         domain = cells[0].strip("| ")
-        assert "*" in cells[header.index(f"K={k_last(out)[domain]}")], (domain, line)
+        assert any("*" in cell for cell in cells[3:]), (domain, line)
+        # The view is the run's most common batch size: a last unit observed at another batch
+        # (a domain's tail, in CI: K=8) is not in it; where it is, it is marked measured.
+        column = f"K={k_last(out)[domain]}"
+        assert column not in header or "*" in cells[header.index(column)], (domain, line)
     # And the predicted tokens/s at every K, why each K was chosen.
     assert predicted[0].startswith("| domain | chosen_K | K=0 |") and len(predicted) == 2 + 6
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
