@@ -1,11 +1,10 @@
 """Filesystem operations counted by kind, for the fleet simulator (``sim.py``).
 
 Every ``os`` call that costs a shared filesystem a metadata operation (open/create, stat,
-readdir, link, rename, unlink, mkdir, utime, fsync) is wrapped in this process and counted
-when its path lies under the output directory. ``pathlib`` and ``open`` go through these
-functions, so the product's own code is counted as it runs, unchanged. What pyarrow's C++ code
-opens is not seen here: the simulator counts a part's own write as the ``open`` of its temporary
-(Python opens it and hands pyarrow the handle).
+readdir, link, rename, unlink, mkdir, utime, fsync) is wrapped in this process and counted when
+its path lies under the output directory; ``pathlib`` and ``open`` go through these functions,
+so the product's own code is counted unchanged. What pyarrow's C++ code opens is not seen: a
+part's write counts as the ``open`` of its temporary (Python opens it for pyarrow).
 """
 
 from __future__ import annotations
@@ -21,57 +20,54 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_PATH_CALLS = {
-    "open": ("open", "os.open"),
-    "stat": ("os.stat", "os.lstat"),
-    "readdir": ("os.scandir", "os.listdir"),
-    "link": ("os.link",),
-    "rename": ("os.rename", "os.replace"),
-    "unlink": ("os.unlink", "os.remove", "os.rmdir"),
-    "mkdir": ("os.mkdir",),
-    "utime": ("os.utime",),
+CALLS = {
+    "open": (builtins, ["open"]),
+    "os.open": (os, ["open"]),
+    "stat": (os, ["stat", "lstat"]),
+    "readdir": (os, ["scandir", "listdir"]),
+    "link": (os, ["link"]),
+    "rename": (os, ["rename", "replace"]),
+    "unlink": (os, ["unlink", "remove", "rmdir"]),
+    "mkdir": (os, ["mkdir"]),
+    "utime": (os, ["utime"]),
 }
 
 
 class OpCounter:
-    """Counts by kind, and by second of the run (for the steady-state rate)."""
+    """Counts by kind and by second of the run (for the steady rate), directory entries
+    listed, and with SIM_FLEET_SITES set, by kind and the product's function that called."""
 
     def __init__(self, root: str, t0: float):
-        self.root = os.path.realpath(root)
-        self.t0 = t0
+        self.root, self.t0 = os.path.realpath(root), t0
         self.kinds: Counter[str] = Counter()
         self.per_second: Counter[int] = Counter()
+        self.sites: Counter[str] = Counter()
         self.entries = 0
-        """Directory entries returned by readdir calls (what large listings cost)."""
+        self._by_site = bool(os.environ.get("SIM_FLEET_SITES"))
         self._lock = threading.Lock()
-        self.sites: Counter[str] | None = Counter() if os.environ.get("SIM_FLEET_SITES") else None
-        """With SIM_FLEET_SITES set: counts by kind and the product's function that called."""
 
-    def add(self, kind: str, n: int = 1) -> None:
+    def add(self, kind: str) -> None:
         with self._lock:
-            self.kinds[kind] += n
-            self.per_second[int(time.time() - self.t0)] += n
-            if self.sites is not None:
-                self.sites[f"{kind} {_site()}"] += n
+            self.kinds[kind] += 1
+            self.per_second[int(time.time() - self.t0)] += 1
+            if self._by_site:
+                self.sites[f"{kind} {_site()}"] += 1
 
     def mine(self, path: Any) -> bool:
         if isinstance(path, int):
             return False
         try:
-            text = os.fsdecode(os.fspath(path))
+            return os.path.abspath(os.fsdecode(os.fspath(path))).startswith(self.root)
         except TypeError:
             return False
-        return os.path.abspath(text).startswith(self.root)
 
     def install(self) -> None:
         """Wrap the calls in this process (the simulator's workers run in it)."""
-        for kind, names in _PATH_CALLS.items():
+        for kind, (module, names) in CALLS.items():
             for name in names:
-                module, attr = (os, name[3:]) if name.startswith("os.") else (builtins, name)
-                original = getattr(module, attr)
-                wrapped = self._wrap(kind, original, attr == "scandir")
-                setattr(module, attr, wrapped)
-                if name == "open":
+                wrapped = self._wrap(kind.removeprefix("os."), getattr(module, name))
+                setattr(module, name, wrapped)
+                if module is builtins:
                     io.open = wrapped
         fsync = os.fsync
 
@@ -81,22 +77,23 @@ class OpCounter:
 
         os.fsync = counted_fsync
 
-    def _wrap(self, kind: str, original: Callable, scandir: bool) -> Callable:
-        counter = self
-
+    def _wrap(self, kind: str, original: Callable) -> Callable:
         def call(path: Any = ".", *args: Any, **kwargs: Any) -> Any:
-            if not counter.mine(path):
+            if not self.mine(path):
                 return original(path, *args, **kwargs)
-            counter.add(kind)
+            self.add(kind)  # before the call: a failed create or stat costs a round trip too
             result = original(path, *args, **kwargs)
-            if scandir:
-                return _CountedScan(result, counter)
+            if original is _SCANDIR:  # entries counted as the listing is read
+                return _CountedScan(result, self)
             if isinstance(result, list):
-                with counter._lock:
-                    counter.entries += len(result)
+                with self._lock:
+                    self.entries += len(result)
             return result
 
         return call
+
+
+_SCANDIR = os.scandir
 
 
 def _site() -> str:
@@ -114,8 +111,7 @@ class _CountedScan:
     """A scandir iterator that counts the entries it returns."""
 
     def __init__(self, inner: Any, counter: OpCounter):
-        self.inner = inner
-        self.counter = counter
+        self.inner, self.counter = inner, counter
 
     def __iter__(self) -> _CountedScan:
         return self
