@@ -233,13 +233,14 @@ class TappedModel(TreeModel):
         self._slots: list[int] = []
         self._kept: dict[int, torch.Tensor] = {}
         self._parts: list[torch.Tensor] | None = None
+        self.graphs = None  # a graph's replay would not refill the taps
 
     @classmethod
     def of(cls, model: TreeModel, taps: list[int]) -> TappedModel:
         """``model`` itself, re-classed (its weights and cache are kept, not copied)."""
         model.__class__ = cls
         model.taps, model.tapped, model._seen, model._slots, model._kept = taps, None, {}, [], {}
-        model._parts, model.one_row = None, None
+        model._parts, model.one_row, model.graphs = None, None, None  # a graph keeps no taps
         return model  # type: ignore[return-value]
 
     def use_one_row_kernel(self) -> bool:

@@ -11,13 +11,16 @@ a static, preallocated cache (``cache.KVCache``) and as little per-step work as 
   are read without repeating them, over only the first max(cache_len) + N cache positions,
   with one boolean mask built per forward, not per layer;
 - RoPE tables are computed once for all positions; a node's angle comes from its ``position``
-  (cache_len + depth), not from where its KV sits in the cache.
+  (cache_len + depth), not from where its KV sits in the cache;
+- on a GPU, verify forwards replay CUDA graphs captured per (batch, nodes, span) bucket
+  (``graphs.py``): eager, a step is bound by its ~2,800 kernel launches, not by the weights.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from transformers import LlamaConfig
 
 from batchspec.engines.tree.attention import TreeAttention
 from batchspec.engines.tree.cache import KVCache, Step
+from batchspec.engines.tree.graphs import CudaGraphs
 from batchspec.engines.tree.onerow import OneRow
 from batchspec.engines.tree.weights import (
     Layer,
@@ -40,6 +44,8 @@ from batchspec.engines.tree.weights import (
 
 PREFILL_CHUNK = 512
 """Prompt tokens per prefill forward: bounds the attention mask and activations of one pass."""
+GRAPHS_ENV = "BATCHSPEC_CUDA_GRAPHS"
+"""Set to 0 to keep a CUDA model's verify forwards eager (no graph capture)."""
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -89,6 +95,10 @@ class TreeModel:
         self._causal = causal.tril()
         self.one_row: OneRow | None = None
         """Compiled one-row decoding, when taken (``use_one_row_kernel``)."""
+        self.graphs: CudaGraphs | None = None
+        """Verify forwards by captured CUDA graphs (``graphs.py``): on by default on a GPU."""
+        if str(device).startswith("cuda") and os.environ.get(GRAPHS_ENV, "1") != "0":
+            self.graphs = CudaGraphs(self)
 
     @classmethod
     def load(
@@ -217,6 +227,10 @@ class TreeModel:
                 f"verify: {len(slots)} slots, tokens {tuple(tokens.shape)}, positions "
                 f"{tuple(positions.shape)}, tree_mask {tuple(tree_mask.shape)} do not agree"
             )
+        if self.graphs is not None and not offsets:
+            logits = self.graphs.forward(slots, tokens, positions, tree_mask)
+            if logits is not None:
+                return logits
         dev = self.device
         tokens, positions, tree_mask = tokens.to(dev), positions.to(dev), tree_mask.to(dev)
         return self._forward(slots, tokens, positions, tree_mask, offsets=offsets)
@@ -250,7 +264,23 @@ class TreeModel:
         if self.one_row is not None and tokens.numel() == 1:
             return self.one_row.forward(self, slots, tokens, positions, tree_mask, offsets)
         step = self.cache.step(slots, tokens.shape[1], offsets)
+        return self.layers(step, tokens, positions, tree_mask, last_only)
+
+    def layers(
+        self,
+        step: Step,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor,
+        last_only: bool = False,
+        additive: bool = False,
+    ) -> torch.Tensor:
+        """Every layer and the head over ``step``'s new positions. ``additive``: the mask as
+        0/-inf in the model's dtype, made once per forward; the attention would otherwise
+        turn the boolean mask into that in every layer (three kernels each on a GPU)."""
         mask = self.cache.mask(step, tree_mask, self.group)
+        if additive:
+            mask = torch.zeros_like(mask, dtype=self.dtype).masked_fill_(~mask, float("-inf"))
         cos, sin = self.rope[:, positions].unsqueeze(3)
         x = self.weights.embedding(tokens)
         for i, layer in enumerate(self.weights.layers):

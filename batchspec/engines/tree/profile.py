@@ -145,7 +145,7 @@ def profile_key(model: TreeModel, name: str, context: int = CONTEXT) -> str:
         str(model.device),
         f"threads={torch.get_num_threads()}",
         f"context={context}",
-    ]
+    ] + (["cuda graphs"] if model.graphs is not None else [])  # eager steps cost more
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
 
 
