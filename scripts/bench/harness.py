@@ -11,6 +11,7 @@ transformers' logs (a transcript is read by people) unless the environment says 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -25,11 +26,32 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
+JOBS = ROOT / "jobs"
 BATCHSPEC = str(Path(sys.executable).with_name("batchspec"))
 T = TypeVar("T")
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def parser(doc: str, **defaults: Any) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring as help, and ``options``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    return options(ap, **defaults)
+
+
+def options(ap: argparse.ArgumentParser, **defaults: Any) -> argparse.ArgumentParser:
+    """Plain ``--name`` options, typed by their defaults (``max_tokens=64``: ``--max-tokens``,
+    an int; False: a switch; None: a string, unset): what most of a benchmark's flags are."""
+    for name, default in defaults.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            ap.add_argument(flag, action="store_true")
+        else:
+            ap.add_argument(
+                flag, type=type(default) if default is not None else str, default=default
+            )
+    return ap
 
 
 def header() -> str:
@@ -76,6 +98,11 @@ def ratio(num: list[float], den: list[float]) -> str:
     return f"{statistics.fmean(num) / statistics.fmean(den):.3f}{spread}"
 
 
+def ints(text: str) -> list[int]:
+    """A comma list of integers, as the benchmarks take sizes and K on the command line."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values``, nearest rank."""
     ordered = sorted(values)
@@ -95,6 +122,11 @@ def balanced(spec: Any, path: Path, per_domain: int | None = None, rows: int | N
     df = df.head(rows) if rows else df
     df.write_parquet(path)
     return df
+
+
+def flags(**options: Any) -> list[str]:
+    """``--name value`` pairs for a CLI call from keywords: ``max_tokens=8``, ``--max-tokens 8``."""
+    return [x for key, value in options.items() for x in (f"--{key.replace('_', '-')}", str(value))]
 
 
 def cli(*args: str, env: dict[str, str] | None = None, check: bool = False):
@@ -194,3 +226,48 @@ def workdir(keep: str | None, prefix: str) -> Iterator[Path]:
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def job_file(path: Path, base: str = "synth_data.yaml", **sections: dict) -> Path:
+    """The shipped job ``jobs/BASE`` with ``sections``' keys changed, written to ``path``: the
+    checks run ``batchspec`` on job files, as a user does. Its input path is made absolute; a
+    key given as None is left out (its default applies)."""
+    import yaml
+
+    job = yaml.safe_load((ROOT / "jobs" / base).read_text())
+    job["input"]["path"] = str(ROOT / "jobs" / job["input"]["path"])
+    for name, values in sections.items():
+        merged = job.get(name, {}) | values
+        job[name] = {key: value for key, value in merged.items() if value is not None}
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def verify(job: Path, out: Path, *args: str, env: dict | None = None, expected: int = 0):
+    """``batchspec verify JOB --output OUT ARGS``: its report (None: none written), with the
+    exit code and wall seconds added, and a line of figures: the exit code against
+    ``expected`` (1 where a planted bias must be caught), every check, the seconds."""
+    done, took = cli("verify", str(job), "--output", str(out), *args, env=env)
+    reports = sorted((out / "verify").glob("report-*.json"))
+    if not reports:
+        return None, f"exit {done.returncode}, no report\n{done.stderr[-2000:]}"
+    report = json.loads(reports[-1].read_text()) | {"exit": done.returncode, "seconds": took}
+    verdict = "as expected" if done.returncode == expected else "UNEXPECTED"
+    checks = " | ".join(check_line(c) for c in report["checks"])
+    return report, f"exit {done.returncode} ({verdict}) | {checks} | {took:.0f} s"
+
+
+def check_line(c: dict) -> str:
+    """One check of a verify report as the checks print it: greedy rows identical, near-ties
+    and failures; or the sampled two-sample tests and the distance they could detect."""
+    if c["check"] == "greedy":
+        return (
+            f"{c['dtype']}: {c['rows']} rows, {c['identical']} identical, {c['near_ties']} "
+            f"near-ties, {c['failures']} failures, margins {c['min_margin']}.."
+            f"{c['max_margin']}, max drift {c['max_drift']}"
+        )
+    return (
+        f"{c['prompts']} prompts x {c['positions']} positions, {c['tests']} tests, "
+        f"{c['rejected']} rejected, min p {c['min_p']:.3g} (Holm {c['min_p_holm']:.3g}), max TV "
+        f"seen {c['max_tv_observed']:.3f}, detectable TV {c['detectable_tv_max']:.3f}"
+    )

@@ -1,30 +1,17 @@
-"""Does the K controller choose well on data like users'? Adaptive K against plain decoding,
-every fixed K of the grid and the per-domain oracle, side by side, in ABBA rounds.
-
-Every configuration is one ``batchspec run`` of the same job on the same rows (a balanced
-subset of ``--rows`` rows of the job's input, by default the long-context set
-``jobs/synth_long.yaml``: six short domains and two ~750-token ones), at each batch size:
-
-- ``K=k`` for every k of the grid (``adaptive: false``; K=0 is plain decoding);
-- ``adaptive``: the K controller as a user runs it (``adaptive: true``; with ``--tune N``
-  starting from a ``batchspec tune`` of N rows per domain made at the batch size, not timed);
-- ``oracle``: ``speculative.per_domain`` set to each domain's best K from the fixed-K runs so
-  far (tokens per summed row-decode second per domain; in the first round after them);
-- ``schedule`` (``--engine vllm``): vLLM's own batch-size schedule (``k_by_batch_size``), its
-  K at each batch size the fastest by the latest adaptive run's fitted step costs and replayed
-  acceptance (``schedule_from``).
-
-The figure is generation tokens/s from each run's log (engine start and shutdown excluded).
-Identical runs differ by up to 10% on a busy machine, hence ABBA rounds and ratios of means
-with their per-round range. The last line is the verdict for the last batch size::
+"""Does the K controller choose well on data like users'? Adaptive K against every fixed K of
+the grid (K=0: plain decoding), the per-domain oracle (``per_domain`` set to each domain's best
+K from the fixed-K runs so far) and, on vLLM, vLLM's own batch-size schedule (its K at each
+batch size the fastest by the adaptive runs' fitted step costs), each one ``batchspec run`` of
+the same balanced rows (default: the long-context set), in ABBA rounds at each batch size.
+Figures: generation tok/s from the run logs; ratios of means with their per-round range
+(docs/benchmarks.md). The last line, for the last batch size::
 
     adaptive / best fixed K: X (batch B), adaptive / per-domain oracle: Y
 
 (on vLLM prefixed ``vllm: `` and followed by ``, adaptive / vLLM schedule: Z``)
 
     .venv/bin/python scripts/bench/k_choice.py --batches 8 --rows 144 --rounds 2
-    .venv/bin/python scripts/bench/k_choice.py --batches 1,8 --save k_choice.json
-    .venv/bin/python scripts/bench/k_choice.py --table k_choice.json   # the table again
+    .venv/bin/python scripts/bench/k_choice.py --table k_choice.json   # a saved run's table
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""``batchspec report``, ``status`` and ``export`` on a large finished output: peak RSS and time.
-
-Writes an input (ids, a domain column, prompts of ``--prompt-bytes`` random characters in row
-groups of ``--group-rows`` rows) and the committed parts a run leaves for it, in the real
-output schema (``synthetic.py``: ``generated_text`` of ``--text-bytes`` random characters, 6
-domains, speculative columns and histograms filled), with the run's manifest and job record.
-Then, each command in a fresh process through the CLI:
-
-- ``report``: ``batchspec report`` and ``status`` (target: report under 1 GB);
-- ``export``: ``report --plots``, then ``export`` once per ``--export-flags`` entry (by default
-  with the prompts and with ``--no-prompts``), the exported ids (and prompts where exported)
-  checked against the input row for row (target: export under 1 GB). ``--domains`` makes the
-  job read the domain column (domains interleaved row by row: the hardest order to restore).
+"""``batchspec report``, ``status`` and ``export`` on a large finished output (``synthetic.py``:
+an input and the parts a run leaves for it, in the real schema), each command in a fresh
+process for its peak RSS and time. ``report``: report and status (target under 1 GB);
+``export``: ``report --plots``, then export with and without prompts, ids and prompts checked
+against the input row for row (target under 1 GB).
 
     .venv/bin/python scripts/bench/outputs.py report [--rows 10000000] [--unit-rows 256]
     .venv/bin/python scripts/bench/outputs.py export [--rows 10000000] [--domains] [--dir D]
@@ -110,11 +102,7 @@ def main() -> None:
     ap.add_argument("--domains", action="store_true", help="a domain column, interleaved")
     ap.add_argument("--shard-mb", default="500")
     ap.add_argument("--no-report", action="store_true", help="export: skip report --plots")
-    ap.add_argument(
-        "--export-flags",
-        action="append",
-        help="extra export flags, one run each (default: '' and --no-prompts)",
-    )
+    ap.add_argument("--export-flags", action="append", help="one export each ('', --no-prompts)")
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
     args = ap.parse_args()
     header()

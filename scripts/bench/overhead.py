@@ -1,14 +1,8 @@
-"""Overhead of batchspec over bare vLLM: the same prompts, identical engine settings.
+"""Overhead of batchspec over bare vLLM (target >= 0.97): the same prompts, identical engine
+settings, through ``run_job`` (Parquet in, chat template, continuous feeding, per-row metrics,
+atomic parts out) and through ``vllm.LLM.generate`` on pre-tokenized prompts, ABBA rounds,
+engine start and shutdown excluded from both, one-off imports paid before the first round.
 
-Each round runs the prompts once through ``batchspec run``'s code path (``run_job``: Parquet in,
-chat template, continuous feeding, per-row metrics, atomic Parquet parts out) and once through
-bare ``vllm.LLM.generate`` on pre-tokenized prompts, in ABBA order. Engine start and shutdown
-are excluded from both; everything batchspec does besides them counts against it. Prints output
-tokens/s per round, each round's ratio (the two runs of a round share the machine's state of the
-moment), the ratio by which side ran first, and the median ratio (target: >= 0.97). One-off
-costs (imports, the tokenizer) are paid once before the first round.
-
-    .venv/bin/python scripts/bench/overhead.py                    # default job, 96 prompts
     .venv/bin/python scripts/bench/overhead.py --rows 48 --rounds 2 --set sampling.max_tokens=64
 """
 

@@ -1,14 +1,10 @@
-"""Reading work units from an input whose row groups are far larger than a unit: a Parquet
-input of ``--rows`` rows (default 1M) of ~1 KB incompressible prompts, 6 interleaved domains,
-written with pyarrow's defaults (one row group of up to 1M rows), planned, then read the way a
-worker does, in a fresh process (for its peak RSS): ``UnitReader.stage`` (once, timed apart),
-``UnitReader.read`` for a random spread of units, the same units through ``PromptBuilder.build``
-with a no-op tokenizer, then every unit. Targets for 256-row units: per-unit read p50 <= 20 ms,
-p99 <= 40 ms, peak RSS <= 500 MB. The last line is ``per-unit read p50 X ms, p99 Y ms, peak RSS
-Z MB``.
+"""Reading work units from an input whose row groups are far larger than a unit, in a fresh
+process: a 1M-row Parquet input of ~1 KB prompts in one row group, staged once, then random
+units read and built (a no-op tokenizer), then every unit. Targets for 256-row units: read
+p50 <= 20 ms, p99 <= 40 ms, peak RSS <= 500 MB. The last line is ``per-unit read p50 X ms,
+p99 Y ms, peak RSS Z MB``.
 
-    .venv/bin/python scripts/bench/read.py [--rows 1000000] [--unit-rows 256]
-        [--row-group-size N] [--dir /tmp/x]
+    .venv/bin/python scripts/bench/read.py [--rows 1000000] [--row-group-size N] [--dir /tmp/x]
 """
 
 from __future__ import annotations

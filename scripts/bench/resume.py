@@ -1,25 +1,13 @@
-"""Resume waste under kill -9: how much finished work a crash throws away.
-
-Runs a job, kills the whole process group with SIGKILL at a random point (during engine start,
-or a random moment after a unit commits), reruns, and repeats; a last run completes the job.
-With ``--kill alone`` only the worker's process is killed (the OOM killer's way): its engine's
-processes must die with it (``engines.procs``), and each trial counts those that outlived it
-by ``DEATH_S``.
-After each kill it reads the dead workers' last progress records (written at every heartbeat
-beside the leases) to count rows that had finished generating but whose unit was not yet
-committed: those rows are generated twice. Target: at most one unit per worker per kill.
-Then it checks that every input id is in the output exactly once and every part is readable.
+"""Resume waste under kill -9: how much finished work a crash throws away. Runs a job, kills
+its process group with SIGKILL at a random point (during engine start, or after a unit
+commits), reruns, and repeats; then finishes the job and exports it (``export`` refuses an
+unfinished output and checks every input id once, in order). After each kill, the dead
+workers' last progress records give the rows finished but not committed: generated twice.
+``--kill alone`` kills the worker's process alone (the OOM killer's way) and counts the
+processes that outlive it by ``DEATH_S``. tests/test_interrupts.py runs it with ``--job``.
 
     .venv/bin/python scripts/bench/resume.py                  # 10 kills, default test job
-    .venv/bin/python scripts/bench/resume.py --trials 20 --workers 2
     .venv/bin/python scripts/bench/resume.py --job J --trials 2 --no-finish --json
-    .venv/bin/python scripts/bench/resume.py --kill alone      # the worker's pid alone
-
-The test suite runs the same trials (tests/test_interrupts.py) through this script with
-``--job`` (its own job, kept afterwards), ``--kill alone``, ``--no-finish`` and ``--json``.
-The final check is ``batchspec export`` of the output, which refuses an unfinished output and
-compares every committed id with the input's, row for row; the tests check with an oracle of
-their own.
 """
 
 from __future__ import annotations
@@ -39,11 +27,10 @@ from pathlib import Path
 
 import psutil
 import pyarrow.parquet as pq
-import yaml
+from harness import ROOT, cli, job_file, parser
 
 from batchspec.spec.file import load_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 DEATH_S = 30.0
 """How long a killed worker's processes may take to die with it (0.1-0.3 s on a quiet
 machine). A child spawned just before the kill dies only once it runs its first instruction
@@ -159,41 +146,19 @@ def _name(proc: psutil.Process) -> str:
     return ""
 
 
-def finish(job: Path) -> None:
-    """Run ``job`` to the end, as the user would after the last kill."""
-    final = subprocess.run(
-        [sys.executable, "-m", "batchspec", "run", str(job), "--no-progress"],
-        capture_output=True,
-        text=True,
-    )
-    if final.returncode != 0:
-        raise RuntimeError(f"final run failed:\n{final.stderr[-3000:]}")
-
-
-def check_exported(out: Path, dest: Path) -> str:
-    """``batchspec export`` of the finished output: it proves every input id exactly once, in
-    input order, and reads every part in full. Returns its summary line."""
-    cmd = [sys.executable, "-m", "batchspec", "export", str(out), "--to", str(dest)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"export refused the output:\n{result.stderr[-3000:]}")
-    return result.stdout.strip()
-
-
 def write_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> Path:
     """The default job over the first ``rows`` prompts, small units: many commits to kill.
     Progress is recorded at every heartbeat: it beats often to measure waste precisely."""
     table = pq.read_table(ROOT / "jobs" / "data" / "prompts.parquet").slice(0, rows)
     pq.write_table(table, tmp / "in.parquet")
-    job = yaml.safe_load((ROOT / "jobs" / "synth_data.yaml").read_text())
-    job["input"]["path"] = str(tmp / "in.parquet")
-    job["output"] = {"dir": str(tmp / "out"), "unit_rows": unit_rows}
-    job["model"].update(max_model_len=1024, max_num_seqs=8)
-    job["sampling"]["max_tokens"] = max_tokens
-    job["execution"] = {"heartbeat_s": 0.2, "lease_timeout_s": 60}
-    path = tmp / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return path
+    return job_file(
+        tmp / "job.yaml",
+        input={"path": str(tmp / "in.parquet")},
+        output={"dir": str(tmp / "out"), "unit_rows": unit_rows},
+        model={"max_model_len": 1024, "max_num_seqs": 8},
+        sampling={"max_tokens": max_tokens},
+        execution={"heartbeat_s": 0.2, "lease_timeout_s": 60},
+    )
 
 
 def report(trials: list[Trial], unit_rows: int, workers: int, alone: bool) -> None:
@@ -216,22 +181,9 @@ def report(trials: list[Trial], unit_rows: int, workers: int, alone: bool) -> No
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--trials", type=int, default=10)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--rows", type=int, default=240)
-    ap.add_argument("--unit-rows", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--job", type=Path, help="kill runs of this job instead (--rows etc. unused); kept"
-    )
-    ap.add_argument(
-        "--kill",
-        choices=["group", "alone"],
-        default="group",
-        help="kill the run's process group, or its worker process alone (its engine must die too)",
-    )
+    ap = parser(__doc__, trials=10, workers=1, rows=240, unit_rows=8, max_tokens=32, seed=0)
+    ap.add_argument("--job", type=Path, help="kill runs of this job (kept; --rows etc. unused)")
+    ap.add_argument("--kill", choices=["group", "alone"], default="group", help="alone: the worker")
     ap.add_argument("--no-finish", action="store_true", help="no final run, no check")
     ap.add_argument("--json", action="store_true", help="print the trials as one JSON line")
     return ap.parse_args()
@@ -247,9 +199,10 @@ def main() -> None:
         alone = args.kill == "alone"
         trials = kill_trials(job, out, args.trials, args.seed, args.workers, alone=alone)
         checked = ""
-        if not args.no_finish:
-            finish(job)
-            checked = check_exported(out, tmp / "export")
+        if not args.no_finish:  # the user's last run, then export's check of every id
+            cli("run", str(job), "--no-progress", check=True)
+            done, _ = cli("export", str(out), "--to", str(tmp / "export"), check=True)
+            checked = done.stdout.strip()
         if args.json:
             print(json.dumps([asdict(t) for t in trials]))
             return

@@ -1,11 +1,6 @@
-"""Does ``speculative.engine: auto`` pick the faster engine? Both engines, side by side.
-
-``batchspec tune`` on an ``auto`` job predicts, per batch size, each engine's output tokens/s on
-the job's rows and routes the job to the faster one. This checks that prediction against real
-runs: at every batch size the tuning file routes, the same rows through ``batchspec run``'s
-code path on the tree engine and on vLLM (each with the tuning file, so each starts from its
-own tuned K per domain and keeps adapting), in ABBA rounds; each engine's tokens/s, the routed
-engine's ratio to the other, and whether the route was right. Engine starts are excluded.
+"""Does ``speculative.engine: auto`` pick the faster engine? At each batch size a tuning file
+routes, the same rows through ``run_job`` on the tree engine and on vLLM (each from its tuned
+K, adapting), ABBA rounds: each engine's tok/s, the routed one's ratio, whether it was right.
 
     .venv/bin/batchspec tune jobs/synth_tree.yaml --output /tmp/auto \\
         --set speculative.engine=auto --set speculative.k_grid=[0,2,4] \\

@@ -1,25 +1,17 @@
-"""n samples per prompt (``sampling.n``) against the same samples as separate input rows, on
-the tree engine: output tokens/s and prompts prefilled (issue 24).
+"""``sampling.n`` against the same samples as separate input rows, on the tree engine (issue
+24): with ``n`` a prompt's samples join the batch together and all but the first copy its KV
+cache; copies as separate rows sit apart and each prefills. Same requests, one engine, ABBA.
 
-``n`` feeds a prompt's samples into the batch together, so every sample after the first finds
-the prompt in a row in flight and copies its KV cache instead of computing it
-(``TreeEngine.shared_prefills`` counts them). Copies of a prompt as separate rows sit apart
-(the input repeated ``n`` times): each is prefilled on its own. Both decode the same requests
-(same prompts, same per-sample seeds) on one engine, in ABBA order; the prefill share is what
-differs. The machine is noisy: compare the two within one run only.
-
-    .venv/bin/python scripts/bench/samples.py                         # 3 prompts/domain, n=4
     .venv/bin/python scripts/bench/samples.py --per-domain 2 --n 4 --max-tokens 32 --rounds 1
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import replace
 
-from harness import ROOT, abba, header, ratio
+from harness import JOBS, abba, header, options, parser, ratio
 
 
 def main() -> int:
@@ -28,15 +20,8 @@ def main() -> int:
     from batchspec.measure.verify import build_requests, pick_rows, run_rows
     from batchspec.spec.file import load_spec
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--job", default=str(ROOT / "jobs" / "synth_tree.yaml"))
-    p.add_argument("--per-domain", type=int, default=3)
-    p.add_argument("--n", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=2)
-    a = p.parse_args()
+    p = parser(__doc__, job=str(JOBS / "synth_tree.yaml"), per_domain=3, n=4, max_tokens=48)
+    a = options(p, temperature=0.8, batch=8, rounds=2).parse_args()
     header()
     sets = [f"sampling.max_tokens={a.max_tokens}", f"sampling.temperature={a.temperature}",
             "sampling.seed=1", f"model.max_num_seqs={a.batch}"]  # fmt: skip

@@ -1,15 +1,9 @@
-"""A large JSONL input staged into Parquet once, then planned and read per unit: ``--rows``
-JSON lines (default 10M; ``{"id", "domain", "prompt"}``, prompts of ``--prompt-bytes``
-incompressible text, 6 interleaved domains), then, each step in a fresh process (for its own
-peak RSS), as a run does it: staging the lines into Parquet shards (``io/convert.py``),
-planning and the id check over the shards, the reader's row-group staging of the shards and
-per-unit reads (``UnitReader.read``) of a random spread of units. Run it at two sizes to see
-linear time (``--rows 1000000``). Targets (issue 37): staging linear with bounded memory;
-per-unit read p50 <= 20 ms, peak <= 500 MB. The last line is ``staged N lines in S s (R
-lines/s), peak RSS M MB; ...``.
+"""A large JSONL input staged into Parquet once, then planned and read per unit, each step in a
+fresh process for its peak RSS (issue 37: staging linear with bounded memory; per-unit read
+p50 <= 20 ms, peak <= 500 MB). The last line: ``staged N lines in S s (R lines/s), peak RSS
+M MB; ...``.
 
-    .venv/bin/python scripts/bench/stage.py [--rows 10000000] [--prompt-bytes 256]
-        [--unit-rows 256] [--units 300] [--dir /tmp/x]
+    .venv/bin/python scripts/bench/stage.py [--rows 10000000] [--prompt-bytes 256] [--dir /tmp/x]
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""How well the tree engine's step profile (``engines/tree/profile.py``) predicts its real steps,
-and what the profile costs. Embedded model, the job's dtype, greedy, CPU (or the GPU there).
+"""How well the tree engine's step profile predicts its real steps, and what it costs: an engine
+measures its profile (a first run) and a second loads it; the sample's rows then run in units
+at mixed K (``--ks``), each step's seconds set against the profile's forward alone and the
+profile as the run's steps corrected it (``step_check``, what the K controller reads); the
+same rows at K=0 must give the same tokens. Printed per node count: steps, real ms, and each
+prediction's median error and summed ratio.
 
-1. An engine at batch ``--batch`` is built with an empty profile cache: its profile is
-   measured (the first run's cost), then a second engine loads it (a later run's cost).
-2. The sample's rows run through that engine in units at mixed K (``--ks``, dealt out in
-   turn: rows of every K share the batch, as with per-domain K), and every step's real
-   seconds are set against two predictions made before the step is fed back: the measured
-   forward alone (``forward_seconds``) and the profile as the steps so far corrected it
-   (``seconds``, what the K controller reads: ``step_check``).
-
-3. The same rows at K=0 on that engine (every unit at K=0): each row of the mixed-K pass must
-   be token-identical to it (greedy, the job's float32: the real model's check of K per unit).
-
-Printed: per node count (the widest tree of the step; 0 = plain decoding), steps, mean real
-ms, and the median absolute error and the summed-time ratio of both predictions.
-
-    flock /tmp/batchspec-heavy.lock .venv/bin/python scripts/bench/step_profile.py
     .venv/bin/python scripts/bench/step_profile.py --job jobs/synth_long.yaml --batch 1
 """
 
@@ -27,23 +16,15 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-ROOT = Path(__file__).resolve().parents[2]
-
-from harness import header  # noqa: E402
-from tree_lib import sample, variant  # noqa: E402
+from harness import JOBS, header, parser
+from tree_lib import sample, variant
 
 
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_tree.yaml"))
-    ap.add_argument("--rows", type=int, default=3, help="first N prompts of every domain")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--ks", default="0,2,4,8", help="the units' K, dealt out row by row")
-    return ap.parse_args()
+    # --rows: the first N prompts of every domain; --ks: the units' K, dealt out row by row.
+    job = str(JOBS / "synth_tree.yaml")
+    return parser(__doc__, job=job, rows=3, max_tokens=64, batch=8, ks="0,2,4,8").parse_args()
 
 
 class Recorder:

@@ -1,24 +1,14 @@
-"""Step cost of the tree engine's target model: plain decoding against the memory bound, and
-verify time against tree nodes and batch size (issue 13, target T4).
-
-Decoding one token at batch 1 reads every weight once, so its best possible speed is
-memory bandwidth / weight bytes. This script measures the machine's copy bandwidth (a large
-tensor copy; read + write bytes over time, as STREAM counts it), then decode steps/s at batch
-1 after a warm-up, and prints gpt-fast's "bandwidth achieved" (weight bytes x steps/s) as a
-share of it. Then it times one verify forward of B rows x N tree nodes (the cost a tree of N
-nodes adds per step), as a table. The read bandwidth (a sum over a large tensor) is printed
-too: a decode step only reads its weights, and on this VM reads stream slower than copies.
+"""Step cost of the tree engine's target model (issue 13, T4): plain decoding against the
+memory bound, and verify time against tree nodes and batch size. Decoding at batch 1 reads
+every weight once, so its bound is memory bandwidth / weight bytes: printed as gpt-fast's
+"bandwidth achieved" against this machine's copy bandwidth (and read bandwidth), sampled
+between decode rounds; then a table of one verify forward of B rows x N nodes.
 
     .venv/bin/python scripts/bench/tree_decode.py                  # embedded model, float32, CPU
     .venv/bin/python scripts/bench/tree_decode.py --mkl            # eager, MKL's kernel
     python scripts/bench/tree_decode.py --device cuda --dtype bfloat16 --random-7b
 
-``--random-7b`` builds random weights of a Llama-2-7B-shaped model (step cost does not depend
-on the values); it is skipped with a message when the device lacks the memory.
-
-An engine process on the CPU wants the environment setting below too (before torch is
-imported). At batch 1 the engine decodes by compiled one-row regions (``onerow.py``);
-``--mkl`` measures the eager path on MKL's matrix-vector kernel instead.
+``--random-7b``: random weights of a Llama-2-7B shape (step cost does not depend on values).
 """
 
 from __future__ import annotations

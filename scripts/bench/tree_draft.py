@@ -21,27 +21,19 @@ the same draft, and prints
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-ROOT = Path(__file__).resolve().parents[2]
+from harness import JOBS, header, ints, options, parser
+from tree_lib import Run, identical, run, sample, variant, versus, versus_header
 
-from harness import header  # noqa: E402
-from tree_lib import Run, identical, per_step, run, sample, variant  # noqa: E402
-
-from batchspec.spec.file import load_spec  # noqa: E402
+from batchspec.spec.file import load_spec
 
 
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_tree.yaml"))
-    ap.add_argument("--rows", type=int, default=2, help="prompts per domain")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--ks", default="4,8", help="draft nodes per step to compare")
-    ap.add_argument("--skip", default="10,12,14,16,18,20", help="target layers the draft skips")
-    return ap.parse_args()
+    """--rows: prompts per domain; --ks: draft nodes per step; --skip: target layers the
+    draft skips."""
+    ap = parser(__doc__, job=str(JOBS / "synth_tree.yaml"), rows=2, max_tokens=64, ks="4,8")
+    return options(ap, skip="10,12,14,16,18,20").parse_args()
 
 
 def main() -> None:
@@ -51,7 +43,7 @@ def main() -> None:
     sets = ["speculative.method=draft_model", "speculative.tree.draft_layers=[0]"]
     spec = load_spec(a.job, [f"sampling.max_tokens={a.max_tokens}", *sets])
     layers_total = spec_layers(spec)
-    skip = {int(x) for x in a.skip.split(",") if x}
+    skip = set(ints(a.skip))
     layers = [i for i in range(layers_total) if i not in skip]
     smp = sample(spec, a.rows)
     batch = len(smp.rows)
@@ -67,7 +59,7 @@ def main() -> None:
 
     plain = go("plain K=0", 0, {"max_depth": 1})
     runs: dict[tuple[int, str], Run] = {}
-    for k in [int(x) for x in a.ks.split(",")]:
+    for k in ints(a.ks):
         runs[k, "chain"] = go(f"chain [1]*{k}", k, {"branching": [1] * k, "max_depth": k})
         runs[k, "tree"] = go(f"tree {k} nodes", k, {"max_depth": k})
     report(smp.domains, plain, runs)
@@ -83,21 +75,19 @@ def spec_layers(spec) -> int:
 
 
 def report(doms: list[str], plain: Run, runs: dict[tuple[int, str], Run]) -> None:
+    """Tokens per verify step, trees against chains; every run's rows against plain decoding."""
     print("\nT3 draft-model trees vs chains: mean tokens per verify step (1 + accepted / steps)")
-    print("| K | shape | " + " | ".join(doms) + " | all | identical to plain | tok/s vs plain |")
-    print("|---" * (len(doms) + 5) + "|")
+    print(versus_header(doms))
     for k in sorted({k for k, _ in runs}):
-        for name in ("chain", "tree"):
-            r = runs[k, name]
-            same, _ = identical(plain.results, r.results)
-            cells = [f"{per_step(r.results, d):.3f}" for d in doms]
-            print(f"| {k} | {name} | " + " | ".join(cells) + f" | {per_step(r.results):.3f} | "
-                  f"{same}/{len(r.results)} | {r.rate / plain.rate:.2f} |")  # fmt: skip
-        tree, chain = runs[k, "tree"].results, runs[k, "chain"].results
-        cells = [f"{per_step(tree, d) / per_step(chain, d):.3f}" for d in doms]
-        total = per_step(tree) / per_step(chain)
-        print(f"| {k} | tree / chain | " + " | ".join(cells) + f" | **{total:.3f}** | | |")
-    print(f"target: tree / chain >= 1.25 at K=8; plain decoding {plain.rate:.1f} tok/s", flush=True)
+        print("\n".join(versus(doms, k, runs[k, "chain"].results, runs[k, "tree"].results)))
+    print(f"target: tree / chain >= 1.25 at K=8; plain decoding {plain.rate:.1f} tok/s")
+    for r in runs.values():
+        same, _ = identical(plain.results, r.results)
+        print(
+            f"  {r.label}: identical to plain {same}/{len(r.results)}, tok/s / plain "
+            f"{r.rate / plain.rate:.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -121,6 +121,22 @@ def per_step(results: list[RowResult], domain: str | None = None) -> float:
     return 1 + accepted / steps if steps else float("nan")
 
 
+def versus(doms: list[str], k: int, chain: list[RowResult], tree: list[RowResult]) -> list[str]:
+    """The table rows of trees against chains of K nodes: tokens per verify step per domain
+    and over all rows for each, then tree / chain (issue 13's T3: >= 1.25 at K=8)."""
+    lines = []
+    for name, rows in (("chain", chain), ("tree", tree)):
+        cells = [f"{per_step(rows, d):.3f}" for d in [*doms, None]]
+        lines.append(f"| {k} | {name} | " + " | ".join(cells) + " |")
+    cells = [f"{per_step(tree, d) / per_step(chain, d):.3f}" for d in doms]
+    total = per_step(tree) / per_step(chain)
+    return [*lines, f"| {k} | tree / chain | " + " | ".join(cells) + f" | **{total:.3f}** |"]
+
+
+def versus_header(doms: list[str]) -> str:
+    return "| K | shape | " + " | ".join(doms) + " | all |\n" + "|---" * (len(doms) + 3) + "|"
+
+
 def replay(
     prompt: list[int],
     out: list[int],
@@ -208,3 +224,54 @@ def explain(vllm_plain: list[RowResult], tree_plain: list[RowResult]) -> list[st
         f"{max(drifts, default=0.0):.2e}, near-tie threshold {threshold:.2e} nats"
     )
     return [head, *lines]
+
+
+def committed(job: str, output: str, holdout: float, sets: list[str] = ()) -> tuple:
+    """The job (with ``sets`` and its output directory), its committed rows (as ``distill``
+    reads them) and the held-out ones (``distill``'s split: a fixed fraction by row id)."""
+    from batchspec.io.layout import OutDir
+    from batchspec.measure.distill import split
+    from batchspec.measure.distill_data import committed_rows
+    from batchspec.spec.file import load_spec
+
+    spec = load_spec(job, [*sets, f"output.dir={output}"])
+    rows, _ = committed_rows(spec, OutDir(spec.output_dir), None)
+    return spec, rows, split(rows, holdout)[1]
+
+
+class Tally:
+    """Drafters replayed over finished greedy rows (``engines.tree.drafting.replay``: exact,
+    the target's choices are the row's own tokens), added up per (domain, drafter) and over
+    every domain as ``all``: output tokens after the first, target forwards (every step, one
+    that drafted nothing a plain one), steps that drafted, and seconds spent drafting."""
+
+    def __init__(self) -> None:
+        self.sums: dict[tuple[str, str], list[float]] = {}
+
+    def add(self, name: str, drafter: Any, row: Any, k: int, shape: Any) -> None:
+        from batchspec.engines.tree.drafting import replay as drive
+
+        started = time.perf_counter()
+        got = drive(
+            drafter, row.prompt, row.output, k, shape, len(row.output) + 1, domain=row.domain
+        )
+        took = time.perf_counter() - started
+        tokens = len(row.output) - 1
+        for key in ((str(row.domain), name), ("all", name)):
+            s = self.sums.setdefault(key, [0, 0, 0, 0.0])
+            for i, v in enumerate((tokens, tokens - sum(got.accepted), len(got.accepted), took)):
+                s[i] += v
+
+    def per_forward(self, domain: str, name: str) -> float:
+        """Tokens per target forward: what speculation saves, whatever the drafter's hit rate."""
+        s = self.sums.get((domain, name))
+        return s[0] / s[1] if s and s[1] else float("nan")
+
+    def per_step(self, domain: str, name: str) -> float:
+        """Tokens per verify step that drafted (accepted + 1): the drafter's hit rate alone."""
+        s = self.sums.get((domain, name))
+        return (s[0] - s[1] + s[2]) / s[2] if s and s[2] else float("nan")
+
+    def ms_per_forward(self, name: str) -> float:
+        s = self.sums[("all", name)]
+        return 1e3 * s[3] / max(s[1], 1)

@@ -1,20 +1,9 @@
-"""What a verify step costs against a plain step at batch 1, and what n-gram drafting adds
-(issue 35, target T1: a verify of N <= 8 nodes within 1.15x a plain step; drafting <= 10 %).
+"""What a verify of N nodes costs against a plain step at batch 1, and what n-gram drafting adds
+(issue 35, T1: a verify of <= 8 nodes within 1.15x a plain step; drafting <= 10 %). The target
+as a batch-1 engine builds it, a plain step and a verify of N nodes in ABBA rounds in one
+process (N = 1: the measurement's own noise); then n-gram drafting over long-context rows.
 
-Speculation at batch 1 pays only as far as a verify of N nodes costs what a plain step does:
-the speed-up is tokens per step / (step cost / plain cost). This script builds the target as a
-batch-1 engine does (float32 on the CPU, the compiled one-row regions for plain steps), puts a
-context of ``--context`` tokens in its cache, and times, per node count N, a plain step and a
-verify of a chain of N nodes, alternated in ABBA rounds in one process (the median of
-``--reps`` forwards each), so the ratio holds on a machine whose load drifts. Then it drafts
-n-gram trees (the engine's ``NgramDrafter``, ``--k`` nodes, depth 4) over rows of the
-long-context set, teacher-forced two tokens a step, and prints drafting's share of a step.
-
-    .venv/bin/python scripts/bench/verify_cost.py                 # N = 1, 2, 4, 8, 16
-    .venv/bin/python scripts/bench/verify_cost.py --rounds 4 --reps 7
-    .venv/bin/python scripts/bench/verify_cost.py --threads 1    # on a machine others share
-
-N=1 times the plain step against itself: its ratio is the measurement's own noise.
+    .venv/bin/python scripts/bench/verify_cost.py --threads 1 --rounds 2 --reps 5
 
 The last line: ``verify/plain step W at 8 nodes``.
 """

@@ -1,26 +1,12 @@
-"""The tree engine on a GPU (issue 21's GPU readiness), in about a minute, on a machine with
-torch and transformers but no model weights, no internet and no vLLM or polars.
-
-A model directory is built at the start: the embedded SmolLM2-135M's config and tokenizer
-with random weights (HF's init; step cost does not depend on the values). The tree engine
-(``TreeEngine``, loaded as ``batchspec run`` loads it: device, dtype, cache) then runs the
-same prompts four ways at each batch size, and a table gives each run's rows, tokens, verify
-steps, milliseconds per step, output tokens/s, accepted/drafted, and whether its tokens match:
-
-- greedy float32, K=0 and K=4 (n-gram trees): every row token-identical (T1 on the device);
-- greedy float32, K=4 draft-model trees (a self-draft, the target's first 15 layers): the same;
-- sampled (temperature 0.8, top_p 0.9; seeded rows and rows on the engine's generator),
-  K=0, K=4 n-gram and K=4 draft-model trees: every row completes; the seeded rows of the
-  n-gram run again identically when the engine runs twice.
-
-Exit status 1 when a check fails. What to carry to the device (no registry there; Python
-3.12): the staged config and tokenizer (``--stage``, 3.5 MB) and pydantic's wheels (the job
-spec is a pydantic model): pydantic, pydantic-core (cp312 manylinux), annotated-types,
-typing-inspection (typing-extensions is there).
+"""The tree engine on a GPU (issue 21), in about a minute, on a machine with torch and
+transformers but no model weights, vLLM or polars: the embedded model's config and tokenizer
+with random weights (logits sharpened), the same prompts at each batch size greedy (K=0, K=4
+n-gram trees, K=4 draft-model trees: rows identical to K=0) and sampled (rows complete; the
+seeded ones repeat). Exit 1 when a check fails. To carry to the device: ``--stage``'s files and
+pydantic's wheels (pydantic, pydantic-core, annotated-types, typing-inspection).
 
     .venv/bin/python scripts/checks/device_tree.py --stage .device_check     # here, once
     python3 scripts/checks/device_tree.py --device cuda --files .device_check  # on the GPU
-    .venv/bin/python scripts/checks/device_tree.py --device cpu --batches 1,4  # here
 """
 
 from __future__ import annotations

@@ -25,10 +25,9 @@ import sys
 from pathlib import Path
 
 import polars as pl
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import ROOT, cli
+from harness import ROOT, check_line, cli, job_file, verify
 
 PROMPTS = ROOT / "jobs" / "data" / "prompts.parquet"
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -42,18 +41,16 @@ SAMPLED_TOKENS = {"eagle3": "4"}
 
 
 def write_job(path: Path, ids: list[str], speculative: dict, **changes: dict) -> Path:
-    """The default job over the prompts ``ids``, K=3 fixed, with ``changes`` per section."""
-    job = yaml.safe_load((ROOT / "jobs" / "synth_data.yaml").read_text())
+    """The default job over the prompts ``ids``, K=3 fixed, with ``changes`` per section. The
+    default job's n-gram bounds stay (vLLM's own defaults, 5..5, match far less)."""
     pl.read_parquet(PROMPTS).filter(pl.col("id").is_in(ids)).write_parquet(path.with_suffix(".pq"))
-    job["input"]["path"] = str(path.with_suffix(".pq"))
-    job["output"] = {"dir": str(path.parent / f"{path.stem}-out"), "unit_rows": 64}
-    job["model"].update(max_model_len=1024, max_num_seqs=8)
-    # The default job's n-gram bounds stay (vLLM's own defaults, 5..5, match far less).
-    job["speculative"].update({"num_speculative_tokens": 3, "adaptive": False} | speculative)
-    for name, values in changes.items():
-        job[name].update(values)
-    path.write_text(yaml.safe_dump(job, sort_keys=False))
-    return path
+    sections = {
+        "input": {"path": str(path.with_suffix(".pq"))},
+        "output": {"dir": str(path.parent / f"{path.stem}-out"), "unit_rows": 64},
+        "model": {"max_model_len": 1024, "max_num_seqs": 8} | changes.pop("model", {}),
+        "speculative": {"num_speculative_tokens": 3, "adaptive": False} | speculative,
+    }
+    return job_file(path, **sections, **changes)
 
 
 def first_ids(per_domain: int) -> list[str]:
@@ -82,7 +79,7 @@ def run_figures(job: Path) -> str:
     proc, _ = cli("run", str(job))
     if proc.returncode:
         return f"run exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1]}"
-    out = Path(yaml.safe_load(job.read_text())["output"]["dir"])
+    out = job.parent / f"{job.stem}-out"
     rate = re.search(r"([\d.]+) output tokens/s", proc.stdout)
     parts = pl.read_parquet(sorted((out / "parts").rglob("*.parquet")))
     drafted = parts["num_draft_tokens"].sum() or 0
@@ -105,23 +102,16 @@ def run_figures(job: Path) -> str:
 
 
 def verify_figures(job: Path, planted: bool, *args: str) -> str:
-    """One ``verify`` and the figures of its report (exit 0 pass, 1 fail)."""
+    """One ``verify`` (in the CLI's process, which the planted bias needs) and its figures."""
     out = job.parent / f"{job.stem}-{'planted' if planted else 'ok'}"
-    proc, took = cli(
-        "verify", str(job), "--output", str(out), *args, env=PLANTED if planted else IN_PROCESS
-    )
-    reports = sorted((out / "verify").glob("report-*.json"))
-    if not reports:
-        return f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1]}"
-    rep = json.loads(reports[-1].read_text())
+    rep, line = verify(job, out, *args, env=PLANTED if planted else IN_PROCESS)
+    if rep is None:
+        return line
+    verdict = {0: "pass", 1: "FAIL"}.get(rep["exit"], f"exit {rep['exit']}")
     (c,) = rep["checks"]
-    verdict = {0: "pass", 1: "FAIL"}.get(proc.returncode, f"exit {proc.returncode}")
+    accepted = rep.get("drafts_accepted", "?")
     verdict = "INCONCLUSIVE" if rep.get("inconclusive") else verdict
-    if c["check"] == "greedy":
-        what = f"{c['identical']}/{c['rows']} identical, {c['failures']} failures"
-    else:
-        what = f"{c['rejected']}/{c['tests']} tests rejected, min p {c['min_p']:.2g}"
-    return f"{verdict}: {what}, {rep.get('drafts_accepted', '?')} drafts accepted, {took:.0f} s"
+    return f"{verdict}: {check_line(c)}, {accepted} drafts accepted, {rep['seconds']:.0f} s"
 
 
 def validate_only(work: Path, method: str, speculative: dict) -> str:
@@ -171,11 +161,7 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated methods (default: all)")
     ap.add_argument("--head", help="an EAGLE-3 head (batchspec distill); else one is made")
     ap.add_argument("--runs-only", action="store_true", help="the runs alone, no verify")
-    ap.add_argument(
-        "--adaptive",
-        action="store_true",
-        help="runs with the K controller (the default job's k_grid): report's K view",
-    )
+    ap.add_argument("--adaptive", action="store_true", help="runs with the K controller")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     methods = args.only.split(",") if args.only else METHODS
