@@ -46,7 +46,8 @@ LLAMA2_7B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads"
              "max_position_embeddings": 4096, "tie_word_embeddings": False}  # fmt: skip
 SMOL = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
         "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
-        "max_position_embeddings": 8192, "rope_theta": 100000.0}  # fmt: skip
+        "max_position_embeddings": 8192, "rope_theta": 100000.0,
+        "tie_word_embeddings": True}  # fmt: skip
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
         "max_position_embeddings": 1024}  # fmt: skip
@@ -55,9 +56,21 @@ CELLS = [(1, 1), (8, 1), (1, 4), (1, 8), (1, 16), (8, 16)]
 CONTEXT, PEAK = 256, 12.0
 
 
-def say(line: str, log: list[str]) -> None:
-    print(line, flush=True)
-    log.append(line)
+class Say:
+    """Prints a line and appends it to the transcript (``--out``) as it goes, so a run cut
+    short leaves what it measured."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.path = out / "device_graphs.txt" if out is not None else None
+        if self.path is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(line + "\n")
 
 
 def copy_bandwidth(device: str) -> float:
@@ -109,7 +122,7 @@ def device_ops(model: TreeModel, graphs: CudaGraphs | None) -> str:
     return str(sum(e.device_type == cuda for e in prof.events()) // 4)  # step_ms ran 4
 
 
-def speed(args: argparse.Namespace, log: list[str]) -> tuple[float, float]:
+def speed(args: argparse.Namespace, say: Say) -> tuple[float, float]:
     """Every cell eager and on graphs (ABBA); (plain batch-1 share of copy bandwidth,
     verify 1x16 / plain batch 1), both on graphs."""
     cfg, dtype = (LLAMA2_7B, torch.bfloat16) if args.device == "cuda" else (TINY, torch.float32)
@@ -124,7 +137,7 @@ def speed(args: argparse.Namespace, log: list[str]) -> tuple[float, float]:
     shape = "Llama-2-7B" if args.device == "cuda" else "tiny"
     say(f"model: random {shape} shape, {dtype}, weights read per step "
         f"{model.weight_bytes / 1e6:,.0f} MB, {CONTEXT} tokens cached per row; copy "
-        f"bandwidth {copy:,.0f} GB/s (1 GiB device-to-device, read + write)", log)  # fmt: skip
+        f"bandwidth {copy:,.0f} GB/s (1 GiB device-to-device, read + write)")  # fmt: skip
     runs: dict[str, dict[tuple[int, int], list[float]]] = {"eager": {}, "graphs": {}}
     for mode in ("eager", "graphs", "graphs", "eager"):
         model.graphs = graphs if mode == "graphs" else None
@@ -137,12 +150,12 @@ def speed(args: argparse.Namespace, log: list[str]) -> tuple[float, float]:
             ms = statistics.fmean(runs[mode][(rows, nodes)])
             gbs = read / ms / 1e6
             say(f"{what:>24} {mode:>6}: {ms:6.2f} ms/step ({1e3 / ms:6.1f} steps/s), Bandwidth "
-                f"achieved: {gbs:,.2f} GB/s = {100 * gbs / copy:.0f}% of copy", log)  # fmt: skip
+                f"achieved: {gbs:,.2f} GB/s = {100 * gbs / copy:.0f}% of copy")  # fmt: skip
     say(f"graphs: {len(graphs.buckets)} buckets, {graphs.replays} replays, {graphs.eager} "
-        f"eager fallbacks, capture failure: {graphs.failed}", log)  # fmt: skip
+        f"eager fallbacks, capture failure: {graphs.failed}")  # fmt: skip
     if args.device == "cuda":
         say(f"GPU operations per plain batch-1 step: eager {device_ops(model, None)}, graphs "
-            f"{device_ops(model, graphs)}", log)  # fmt: skip
+            f"{device_ops(model, graphs)}")  # fmt: skip
     plain = statistics.fmean(runs["graphs"][(1, 1)])
     share = 100 * (model.weight_bytes + (CONTEXT + 1) * kv_pos) / plain / 1e6 / copy
     ratio = statistics.fmean(runs["graphs"][(1, 16)]) / plain
@@ -177,7 +190,7 @@ def engine_rows(model: TreeModel, batch: int, k: int, prompts: list[list[int]], 
     return sorted(done, key=lambda r: r.request.row)
 
 
-def correctness(args: argparse.Namespace, log: list[str]) -> bool:
+def correctness(args: argparse.Namespace, say: Say) -> bool:
     """K=4 trees = K=0 on graphs, and K=0 on graphs = K=0 eager, at batch 1 and 8."""
     cfg = SMOL if args.device == "cuda" else TINY
     model = TreeModel.random(cfg, torch.float32, args.device, 8, 128 + args.tokens)
@@ -203,9 +216,9 @@ def correctness(args: argparse.Namespace, log: list[str]) -> bool:
         say(f"greedy batch {batch}: K=4 trees on graphs = K=0 on graphs on {same}/8 rows "
             f"(accepted {acc}/{drafted} drafted); K=0 on graphs = K=0 eager on {eager}/8 rows; "
             f"{runs['plain_s']:.1f} / {runs['trees_s']:.1f} / {runs['eager_s']:.1f} s: "
-            f"{'ok' if good else 'FAIL'}", log)  # fmt: skip
+            f"{'ok' if good else 'FAIL'}")  # fmt: skip
     say(f"graphs: {len(graphs.buckets)} buckets, {graphs.replays} replays, {graphs.eager} "
-        f"eager fallbacks, capture failure: {graphs.failed}", log)  # fmt: skip
+        f"eager fallbacks, capture failure: {graphs.failed}")  # fmt: skip
     return ok and graphs.failed is None
 
 
@@ -220,17 +233,14 @@ def main() -> int:
         raise SystemExit("--device cuda: torch sees no CUDA device")
     torch.manual_seed(0)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (tiny shapes)"
-    log: list[str] = []
+    say = Say(args.out)
     started = time.perf_counter()
-    say(f"tree engine CUDA graphs on {name}, torch {torch.__version__}", log)
-    ok = correctness(args, log)
-    share, ratio = speed(args, log)
-    say(f"checks {'ok' if ok else 'FAILED'}; wall {time.perf_counter() - started:.0f} s", log)
+    say(f"tree engine CUDA graphs on {name}, torch {torch.__version__}")
+    ok = correctness(args, say)
+    share, ratio = speed(args, say)
+    say(f"checks {'ok' if ok else 'FAILED'}; wall {time.perf_counter() - started:.0f} s")
     say(f"T4: plain decode {share:.0f}% of copy bandwidth at batch 1; verify 1x16 / plain "
-        f"{ratio:.2f}", log)  # fmt: skip
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "device_graphs.txt").write_text("\n".join(log) + "\n")
+        f"{ratio:.2f}")  # fmt: skip
     return 0 if ok else 1
 
 
