@@ -26,16 +26,11 @@ verify steps of ``RequestSpecDecodeMetrics.new(3)`` drafting 3, 3 and 2 tokens a
 0 and 2."""
 SUMMARY = {k: v for k, v in DETAILED.items() if not k.startswith("per_step_")}
 """The same steps at ``summary``, as printed: no per-step lists."""
-NO_STEP = {
-    "mean_acceptance_length": 1.0,
-    "draft_acceptance_rate": 0.0,
-    "acceptance_histogram": [0, 0, 0, 0],
-    "num_spec_steps": 0,
-    "num_accepted_draft_tokens": 0,
-    "num_draft_tokens": 0,
-    "num_spec_tokens": 3,
-}
-"""A row that never drafted, as printed in either form (``detailed`` lists only populated steps)."""
+NO_STEP = SUMMARY | {"mean_acceptance_length": 1.0, "draft_acceptance_rate": 0.0}
+NO_STEP |= {"acceptance_histogram": [0, 0, 0, 0], "num_spec_steps": 0}
+NO_STEP |= {"num_accepted_draft_tokens": 0, "num_draft_tokens": 0}
+"""A row that never drafted, as printed in either form (``detailed`` lists only populated steps):
+the same keys, every count 0."""
 
 
 def test_from_vllm_reads_the_detailed_form() -> None:

@@ -12,6 +12,7 @@ long). A draft reads only the ``max_matches`` most recent occurrences of the mat
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from batchspec.engines.tree.continuations import Scored, grow
 from batchspec.engines.tree.drafting import Ask
@@ -53,18 +54,9 @@ class NgramIndex:
                 return found[-self.max_matches :]
         return []
 
-    def draft(
-        self,
-        budget: int,
-        max_depth: int,
-        branching: Sequence[int] | None = None,
-        paths: Iterable[tuple[int, ...]] | None = None,
-    ) -> DraftTree:
-        """A tree rooted at the context's last token with at most ``budget`` draft nodes of
-        depth <= ``max_depth``, from the trie of the matched continuations ranked by count
-        (``continuations.grow``, which also says how the shape applies). No match, or no
-        budget: the root alone. ``draft_probs`` is None: the draft is deterministic."""
-        return self.scored(budget, max_depth, branching, paths).tree()
+    def draft(self, *shape: Any, **named: Any) -> DraftTree:
+        """``scored``'s tree: ``draft_probs`` is None, the draft is deterministic."""
+        return self.scored(*shape, **named).tree()
 
     def scored(
         self,
@@ -73,7 +65,10 @@ class NgramIndex:
         branching: Sequence[int] | None = None,
         paths: Iterable[tuple[int, ...]] | None = None,
     ) -> Scored:
-        """``draft``'s trie with each node's share of the matches (what ``merge`` ranks by)."""
+        """A tree rooted at the context's last token with at most ``budget`` draft nodes of
+        depth <= ``max_depth``, from the trie of the matched continuations ranked by count
+        (``continuations.grow``, which also says how the shape applies), with each node's
+        share of the matches (what ``merge`` ranks by). No match, or no budget: the root alone."""
         if not self.tokens:
             raise ValueError("cannot draft from an empty context")
         ctx = self.tokens
