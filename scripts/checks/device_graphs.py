@@ -27,6 +27,7 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ from batchspec.engines.tree.graphs import CudaGraphs
 from batchspec.engines.tree.load import Target
 from batchspec.engines.tree.model import TreeModel
 from batchspec.spec import JobSpec
-from batchspec.units import RowRequest, UnitRequests, WorkUnit
+from batchspec.units import RowRequest, RowResult, UnitRequests, WorkUnit
 
 LLAMA2_7B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
              "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
@@ -122,6 +123,32 @@ def device_ops(model: TreeModel, graphs: CudaGraphs | None) -> str:
     return str(sum(e.device_type == cuda for e in prof.events()) // 4)  # step_ms ran 4
 
 
+def fused_norm_trial(
+    model: TreeModel, reps: int, share: Callable[[float], float], say: Say
+) -> None:
+    """An experiment, not the engine's path: RMSNorm (eight kernels in bf16, 65 of them a
+    step) compiled by inductor into one kernel, in graphs captured afresh; says how much of
+    what graphs leave is the small ops between the matrix products."""
+    from batchspec.engines.tree import model as module
+
+    eager_norm, cells = module.rms_norm, ((1, 1), (1, 16))
+    what = "RMSNorm compiled (inductor) inside graphs, an experiment"
+    try:
+        module.rms_norm = torch.compile(eager_norm, dynamic=False)
+        model.graphs = None
+        for cell in cells:  # compiled eagerly first: nothing compiles inside a capture
+            step_ms(model, *cell, 1)
+        model.graphs = trial = CudaGraphs(model)
+        ms = {cell: step_ms(model, *cell, reps) for cell in cells}
+        say(f"{what}: plain decode {ms[(1, 1)]:.2f} ms/step = {share(ms[(1, 1)]):.0f}% of copy, "
+            f"verify 1 x 16 {ms[(1, 16)]:.2f} ms/step; GPU operations per plain step "
+            f"{device_ops(model, trial)}")  # fmt: skip
+    except Exception as exc:  # an experiment: the check stands without it
+        say(f"{what}: n/a ({exc!r})")
+    finally:
+        module.rms_norm = eager_norm
+
+
 def speed(args: argparse.Namespace, say: Say) -> tuple[float, float]:
     """Every cell eager and on graphs (ABBA); (plain batch-1 share of copy bandwidth,
     verify 1x16 / plain batch 1), both on graphs."""
@@ -153,16 +180,17 @@ def speed(args: argparse.Namespace, say: Say) -> tuple[float, float]:
                 f"achieved: {gbs:,.2f} GB/s = {100 * gbs / copy:.0f}% of copy")  # fmt: skip
     say(f"graphs: {len(graphs.buckets)} buckets, {graphs.replays} replays, {graphs.eager} "
         f"eager fallbacks, capture failure: {graphs.failed}")  # fmt: skip
+    plain_bytes = model.weight_bytes + (CONTEXT + 1) * kv_pos
     if args.device == "cuda":
         say(f"GPU operations per plain batch-1 step: eager {device_ops(model, None)}, graphs "
             f"{device_ops(model, graphs)}")  # fmt: skip
+        fused_norm_trial(model, args.reps, lambda ms: 100 * plain_bytes / ms / 1e6 / copy, say)
     plain = statistics.fmean(runs["graphs"][(1, 1)])
-    share = 100 * (model.weight_bytes + (CONTEXT + 1) * kv_pos) / plain / 1e6 / copy
     ratio = statistics.fmean(runs["graphs"][(1, 16)]) / plain
     model.graphs, graphs.model = None, None
     del model, graphs
     gc.collect()
-    return share, ratio
+    return 100 * plain_bytes / plain / 1e6 / copy, ratio
 
 
 class Ids:
@@ -172,7 +200,9 @@ class Ids:
         return " ".join(map(str, ids))
 
 
-def engine_rows(model: TreeModel, batch: int, k: int, prompts: list[list[int]], tokens: int):
+def engine_rows(
+    model: TreeModel, batch: int, k: int, prompts: list[list[int]], tokens: int
+) -> list[RowResult]:
     """Greedy rows of the tree engine on ``model`` at ``batch`` and K = ``k``."""
     spec = JobSpec.model_validate({
         "name": "device_graphs", "input": {"path": "unused.parquet", "prompt_column": "p"},
