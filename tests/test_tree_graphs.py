@@ -103,6 +103,23 @@ def test_padded_forward_gives_eagers_logits_and_pads_change_no_real_row(monkeypa
     assert torch.equal(again[0, :3], padded[0, :3]) and torch.equal(again[1, :1], padded[1, :1])
 
 
+def test_a_capture_that_fails_leaves_every_forward_to_the_eager_path(monkeypatch):
+    """Whatever stops a capture (here the side stream), the step is computed eagerly, the
+    stream the capture left current is restored, and no bucket is tried again."""
+    model, slots, inputs = rows_in_flight()
+    eager = model.verify(slots, *inputs)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: "caller's stream")
+    monkeypatch.setattr(torch.cuda, "set_stream", restored.append)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: 1 / 0)
+    model.graphs = CudaGraphs(model)
+    for _ in range(2):
+        assert torch.equal(model.verify(slots, *inputs), eager)
+    assert restored == ["caller's stream"] and "ZeroDivisionError" in model.graphs.failed
+    assert model.graphs.eager == 2 and not model.graphs.buckets
+
+
 def test_greedy_trees_through_the_padded_forward_are_plain_decoding():
     """The engine at batch 4, K=4 n-gram trees against K=0, both through the padded forward:
     identical rows; 6 rows in 4 slots finish at different steps, so the tail's windows pad

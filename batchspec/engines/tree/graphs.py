@@ -178,16 +178,18 @@ class CudaGraphs:
             entry = Captured(s_ints, s_mask, out, run)
             self.buckets[bucket] = entry
             return entry
+        current = torch.cuda.current_stream()
         try:
             side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
+            side.wait_stream(current)
             with torch.cuda.stream(side):
                 run()
-            torch.cuda.current_stream().wait_stream(side)
+            current.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 run()
         except Exception as exc:  # whatever stops a capture, the eager path serves
+            torch.cuda.set_stream(current)  # a failed capture_end leaves its stream current
             self.failed = f"{bucket}: {exc!r}"
             return None
         entry = Captured(s_ints, s_mask, out, graph.replay)
