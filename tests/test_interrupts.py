@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +44,17 @@ def kill_trials(job: Path, trials: int, seed: int) -> list[dict[str, Any]]:
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full: bool) -> None:
+def test_kill9_and_group_signals_then_rerun_is_exactly_once(
+    tmp_path: Path, full: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The whole sequence, on one output directory. Its group SIGTERM once took 67 s to stop
     in CI against the 20 s bound (under two engines per core): the engine core deadlocked in
     vLLM's own SIGTERM handler, run a second time inside the first, and was killed after
     ``CLOSE_S``; closing now runs that handler once (``engines.procs._on_close_signal``)."""
+    # Every run's temporary folder is this one: vLLM's IPC sockets must not stay in it (in
+    # /tmp: a socket's path in the test's own folder would be too long for vLLM).
+    temp = Path(tempfile.mkdtemp(prefix="bs-"))
+    monkeypatch.setenv("TMPDIR", str(temp))
     # Every kill costs an engine start: two in the default suite, ten with --full. Seeds
     # picked so that both kinds of kill occur: 21 gives startup (10.7 s, the engine half up),
     # then generating.
@@ -108,6 +116,11 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(tmp_path: Path, full
     # The SIGTERM run's engine too was closed, not killed (killed, it leaves a semaphore and
     # two shared-memory segments to its resource tracker: what the deadlock above left).
     assert "force killing" not in (out / "runs" / f"{log['worker']}.log").read_text()
+    # vLLM's sockets went with their workers: the killed ones' folders removed by the rerun
+    # (engines.vllm_sockets.sweep), every other one's at its exit.
+    assert not list(temp.glob("batchspec-ipc-*")), list(temp.iterdir())
+    assert not [p for p in temp.rglob("*") if p.is_socket()], list(temp.rglob("*"))
+    shutil.rmtree(temp)
 
 
 def test_a_stop_during_the_engine_start_ends_the_start(tmp_path: Path) -> None:

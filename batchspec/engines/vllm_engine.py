@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from batchspec.engines import faults
+from batchspec.engines import faults, vllm_sockets
 from batchspec.engines.base import EngineFailure, UnitSource
 from batchspec.engines.planted import maybe_plant_bias
 from batchspec.engines.procs import kill_tree, new_children, stop_signals_blocked
@@ -76,6 +76,7 @@ class VllmEngine:
         self.k_per_unit = self.top_k is not None
         self.method = self.method_at(k)
         maybe_plant_bias()
+        vllm_sockets.use()  # its IPC sockets go with this process, not into /tmp for good
         started = time.perf_counter()
         os.environ[ENGINE_ENV] = str(os.getpid())  # its processes die with this one (procs)
         with stop_signals_blocked(), engine_children_tethered(), engine_core_forked():
