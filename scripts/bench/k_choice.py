@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, abba, balanced, cli, header, run_cli
+from harness import JOBS, abba, balanced, cli, header, ints, options, parser, run_cli
 from k_choice_table import report
 
 
@@ -166,33 +166,23 @@ def bench_batch(args: argparse.Namespace, data: Path, tmp: Path, batch: int,
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_long.yaml"))
-    ap.add_argument("--batches", default="1,8", help="comma list of batch sizes (default 1,8)")
-    ap.add_argument("--rows", type=int, default=144, help="rows, balanced over domains")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--unit-rows", type=int, default=8, help="rows per work unit (default 8)")
-    ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (default 2)")
+    """--rows: balanced over the domains; --k-grid: a comma list (default: the job's);
+    --tune N: adaptive starts from a tune of N rows per domain; --threads: OMP_NUM_THREADS of
+    the runs (1 keeps a run from spinning against other work on a shared machine); --set: an
+    override for every run, e.g. model.enforce_eager=true (vLLM starts in ~25 s, not ~120;
+    starts are not counted, the steps are eager ones then); --table FILE: print a saved
+    run's table (--save's JSON), run nothing."""
+    ap = parser(__doc__, job=str(JOBS / "synth_long.yaml"), batches="1,8", rows=144, max_tokens=64)
+    options(ap, unit_rows=8, rounds=2, k_grid=None, tune=0, threads=0, save=None, table=None)
     ap.add_argument("--engine", choices=["tree", "vllm"], default="tree")
-    ap.add_argument("--k-grid", default=None, help="comma list (default: the job's k_grid)")
-    ap.add_argument("--tune", type=int, metavar="N", help="adaptive starts from a tune of N rows")
-    ap.add_argument("--threads", type=int,
-                    help="OMP_NUM_THREADS for the runs (default: the engine's own, a thread "
-                    "per core); 1 keeps a run from spinning against other work on a shared "
-                    "machine")  # fmt: skip
-    ap.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                    help="a spec override for every run (as batchspec run --set), e.g. "
-                    "model.enforce_eager=true: vLLM starts in ~25 s instead of ~120 s (starts "
-                    "are not counted; the steps are eager ones then)")  # fmt: skip
-    ap.add_argument("--save", type=Path, help="write the measurements as JSON here")
-    ap.add_argument("--table", type=Path, help="print the table of a saved JSON; run nothing")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     return ap.parse_args(argv)
 
 
 def main() -> None:
     args = parse()
     if args.table:
-        report(json.loads(args.table.read_text()))
+        report(json.loads(Path(args.table).read_text()))
         return
     from batchspec.spec.file import load_spec
 
@@ -201,7 +191,7 @@ def main() -> None:
     args.k_grid = sorted(int(k) for k in grid.split(","))
     if 0 not in args.k_grid:
         raise SystemExit("--k-grid must include 0 (plain decoding is the baseline)")
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = ints(args.batches)
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     header()
@@ -224,7 +214,7 @@ def main() -> None:
             def save(partial: dict[str, Any], batch: int = batch) -> None:
                 result["batches"][str(batch)] = partial
                 if args.save:
-                    args.save.write_text(json.dumps(result, indent=1) + "\n")
+                    Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
 
             bench_batch(args, tmp / "in.parquet", tmp, batch, save)
     report(result)
