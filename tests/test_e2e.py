@@ -8,6 +8,7 @@ whose run has engines at K=0 and K=3 anyway.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, write_job
 from support.replay_checks import assert_replay_exact
 
@@ -243,15 +245,18 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path: Path) -> None:
     assert set(out["acceptance_rate"]) == {1.0}
 
 
-def test_retry_errors_regenerates_only_error_rows(ngram_run, full: bool) -> None:
-    """A second engine start: runs with ``--full`` (the suite's time budget, and it rewrites
-    the shared run's step fit, which ``test_k_is_priced_from_vllms_own_steps`` reads); by
-    default the merge itself is proven by ``test_writer``'s retry test."""
-    if not full:
-        pytest.skip("another engine start on the shared run: runs with --full")
+def test_retry_errors_regenerates_only_error_rows(ngram_run, tmp_path: Path) -> None:
+    """``--retry-errors`` on a copy of the shared run's output (run on the output itself, it
+    rewrote the step fit ``test_k_is_priced_from_vllms_own_steps`` reads): only the error
+    rows go through the engine again, every other row untouched."""
     path, source, before, _ = ngram_run
-    out = path.parent / "out"
-    result = run_cli("run", str(path), "--retry-errors", "--no-progress", env=IN_PROCESS_ENGINE)
+    out = tmp_path / "out"
+    shutil.copytree(path.parent / "out", out)
+    job = yaml.safe_load(path.read_text())
+    job["output"]["dir"] = str(out)
+    copy = write_job(tmp_path / "job.yaml", job)
+    env = {**IN_PROCESS_ENGINE, "BATCHSPEC_CACHE": str(tmp_path / "cache")}
+    result = run_cli("run", str(copy), "--retry-errors", "--no-progress", env=env)
     assert result.returncode == 4, result.stderr[-3000:]  # the error rows fail again
     logs = sorted((out / "runs").glob("*.json"))
     last = json.loads(logs[-1].read_text())
