@@ -172,6 +172,11 @@ CHANGES: dict[str, list[str]] = {
     "speculative.k_grid": ["speculative.k_grid=[0, 3]"],
     "speculative.explore": ["speculative.explore=0.5"],
     "speculative.tree": ["speculative.tree={branching: [2, 2]}"],
+    "speculative.suffix": [
+        "speculative.engine=tree",
+        "speculative.method=suffix",
+        "speculative.suffix={max_tokens: 4096}",
+    ],
     "speculative.engine": ["speculative.engine=tree"],
     "speculative.extra": ["speculative.extra={disable_padded_drafter_batch: true}"],
     "sampling.temperature": ["sampling.temperature=0.7"],

@@ -11,6 +11,7 @@ from batchspec.engines.tree.drafting import Ask, Learner, replay
 from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.engines.tree.suffix import SuffixDrafter
 from batchspec.engines.tree.suffix_index import SuffixIndex
+from batchspec.spec.suffix import SuffixSpec
 from batchspec.spec.tree import TreeShape
 
 OUTPUTS = [[1, 2, 3, 4, 5], [9, 2, 3, 4, 7], [1, 2, 3, 6]]
@@ -99,7 +100,7 @@ def test_the_drafter_merges_the_rows_trie_with_its_domains_outputs() -> None:
 
 
 def test_match_length_sizes_the_domains_share_of_the_tree() -> None:
-    drafter = SuffixDrafter(NgramDrafter(1, 2), spec_factor=0.5)
+    drafter = SuffixDrafter(NgramDrafter(1, 2), SuffixSpec(spec_factor=0.5))
     drafter.learn("a", [1, 2, 3, 4, 5, 6])
     drafter.start(0, [0, 1, 2])
     drafter.extend(0, [3])

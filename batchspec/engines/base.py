@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from batchspec.spec.tree import EngineName
 from batchspec.units import UnitRequests, UnitResult
@@ -86,6 +86,20 @@ class Engine(Protocol):
     def close(self) -> None:
         """Stop the engine and free its memory before another one starts. A second call does
         nothing (a worker whose new engine's start failed still holds the closed one)."""
+
+
+@runtime_checkable
+class LearnsOutputs(Protocol):
+    """An engine that may draft from the job's own outputs (the tree engine's suffix drafts):
+    the worker hands it what other workers and earlier runs committed of a domain
+    (``work/seeding.py``), which it cannot read itself (engines read no output directory)."""
+
+    @property
+    def learns_outputs(self) -> bool:
+        """Whether this engine's drafts use them (else the worker reads nothing)."""
+
+    def learn_outputs(self, domain: str | None, outputs: list[list[int]]) -> None:
+        """Finished outputs of ``domain`` as token ids, oldest first."""
 
 
 class EngineFailure(RuntimeError):

@@ -18,6 +18,7 @@ from batchspec.errors import UserError
 from batchspec.io.layout import PART_SUFFIX, OutDir
 from batchspec.io.manifest import read_manifest
 from batchspec.observe.report import ControllerView, controller_view
+from batchspec.speculation.steps import read_step_fit
 from batchspec.work.holders import Holder
 from batchspec.work.leases import LeaseDir, LeaseInfo
 from batchspec.work.progress import RunTotals, add_up, read_records
@@ -47,6 +48,8 @@ class RunStatus:
     """False for a directory that ``batchspec tune`` wrote into but no run has bound yet."""
     k_view: ControllerView | None = None
     """The K controller's view of the committed units (``report.controller_view``)."""
+    step_check: dict[str, Any] | None = None
+    """The tree engine's step profile against the run's own steps (``profile_check``)."""
 
     @property
     def units_pending(self) -> int:
@@ -164,6 +167,19 @@ def check_output_dir(out: OutDir) -> None:
     read_manifest(out)  # a damaged one (empty, truncated) is refused here, in one line
 
 
+def profile_check(out: OutDir) -> dict[str, Any] | None:
+    """The newest worker's check of the tree engine's step profile against its own steps
+    (``engines.tree.step_check``, as ``report`` shows it): the batch, the steps, their mean
+    ratio measured / profiled, the scale it put on the profile and every cell judged; None
+    where no tree engine wrote one (vLLM prices K by a fit of its steps instead)."""
+    found = read_step_fit(out)
+    if found is None or found[1].get("kind") != "tree-profile":
+        return None
+    batch, fit = found
+    keys = ("steps", "ratio", "scale", "tolerance", "cells")
+    return {"batch": batch, **{k: fit[k] for k in keys if k in fit}}
+
+
 def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
     manifest = read_manifest(out)
     if manifest is None:
@@ -192,6 +208,7 @@ def run_status(out: OutDir, lease_timeout_s: float = 300.0) -> RunStatus:
             }
         )
     st.k_view = controller_view(out)
+    st.step_check = profile_check(out)
     counted = sum(r["rows_committed"] for r in records)
     st.totals = add_up(records, st.rows_total, max(st.rows_done - counted, 0), live)
     # After the run (no live worker), rates are of its last minutes, not of the idle time since.

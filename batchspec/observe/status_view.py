@@ -79,6 +79,7 @@ def status_json(st: RunStatus, slurm: list[dict[str, Any]] | None = None) -> dic
         "leases": st.leases,
         "workers": st.workers,
         "domains": _domains(t, st.k_view),
+        "step_check": st.step_check,
         "slurm": slurm or [],
     }
 
@@ -118,6 +119,8 @@ def format_status(st: RunStatus) -> str:
         )
         + f"; ETA {eta}",
     ]
+    if st.step_check is not None:
+        lines.append(_step_check_text(st.step_check))
     for lease in st.leases:
         age = lease["heartbeat_age_s"]
         lines.append(
@@ -139,6 +142,26 @@ def format_status(st: RunStatus) -> str:
             f"{_rate(d['mean_acceptance_length'], 2)}, K {k}{_k_text(d)}"
         )
     return "\n".join(lines)
+
+
+def _step_check_text(check: dict[str, Any]) -> str:
+    """The tree step profile's check, in one line: as ``report`` has it, without the prices."""
+    scale = check["scale"]
+    verdict = f"profile scaled x{scale:.2f}" if scale != 1.0 else "profile kept"
+    cells = ", ".join(
+        f"{c['batch']}x{c['nodes']} {c['measured_s'] * 1000:.1f}/{c['profiled_s'] * 1000:.1f}"
+        + ("*" if c["replaced"] else "")
+        for c in check["cells"]
+    )
+    return (
+        f"step profile (tree, batch {check['batch']}): {check['steps']} steps, measured / "
+        f"profiled {check['ratio']:.2f}, {verdict}"
+        + (
+            f"; cells rows x nodes ms measured/profiled (* priced as measured) {cells}"
+            if cells
+            else ""
+        )
+    )
 
 
 def _k_text(d: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from batchspec.spec.keys import (
     k_per_domain,
     not_set_by_batchspec,
 )
+from batchspec.spec.suffix import SuffixSpec, check_suffix
 from batchspec.spec.tree import VLLM, EngineChoice, TreeSpec, check_speculative, engine_defaults
 
 SpecMethod = Literal["none", "draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp"]
@@ -93,6 +94,11 @@ class SpeculativeSpec(_Section):
         description="draft trees instead of chains, on batchspec's own engine (see *Draft "
         "trees*); the keys are listed below",
     )
+    suffix: SuffixSpec | None = Field(
+        None,
+        description="`method: suffix` on the tree engine: the index of the job's outputs "
+        "(its size, the match) and reading committed parts into it; the keys are listed below",
+    )
     engine: EngineChoice = Field(
         VLLM,
         description="`vllm` (chains), `tree` (batchspec's tree engine; a missing `tree` key "
@@ -118,6 +124,7 @@ class SpeculativeSpec(_Section):
 
     _engine = model_validator(mode="before")(engine_defaults)
     _checked = model_validator(mode="after")(check_speculative)
+    _suffix = model_validator(mode="after")(check_suffix)
 
     def fixed_k(self, domain: str | None) -> int | None:
         """The K a domain runs at whatever was measured, or None when the K controller

@@ -126,6 +126,25 @@ class Replayer:
         method = self.spec.speculative.method
         return method == "ngram" or (method == "suffix" and self.engine == TREE)
 
+    def learn(self, domain: str | None, outputs: list[list[int]]) -> None:
+        """Outputs the engine learned before any row of ``domain`` (committed parts, read
+        back: ``work/seeding.py``), learned here too, so the domain's rows replay against
+        the index the engine drafted from."""
+        if self.spec.speculative.method == "suffix" and self.engine == TREE:
+            for out in outputs:
+                self._suffix().learn(domain, out)
+
+    def _suffix(self) -> Any:
+        """The replayed ``SuffixDrafter`` (made on first use: its module imports torch)."""
+        if self.suffix is None:
+            from batchspec.engines.tree.ngram import NgramDrafter
+            from batchspec.engines.tree.suffix import SuffixDrafter
+
+            s = self.spec.speculative
+            ngram = NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
+            self.suffix = SuffixDrafter(ngram, s.suffix)
+        return self.suffix
+
     def row(self, r: RowResult) -> list[int] | None:
         """Accepted draft tokens per K of the grid for one finished row; None for an error
         row, a row without output, or drafts that cannot be replayed."""
@@ -156,16 +175,13 @@ class Replayer:
         # command's start, ``validate`` and ``status`` included, which reach this module).
         from batchspec.engines.tree.drafting import replay
         from batchspec.engines.tree.ngram import NgramDrafter
-        from batchspec.engines.tree.suffix import SuffixDrafter
 
         s = self.spec.speculative
         if k <= 0 or s.tree is None:
             return 0
         # The tree engine's own defaults (``engines/tree/load.py``), not vLLM's rule.
         lo, hi = s.prompt_lookup_min or 1, s.prompt_lookup_max or 3
-        drafter = NgramDrafter(lo, hi)
-        if s.method == "suffix":
-            drafter = self.suffix = self.suffix or SuffixDrafter(drafter)
+        drafter = self._suffix() if s.method == "suffix" else NgramDrafter(lo, hi)
         shape = s.tree.shape_for(domain)
         max_tokens = min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt))
         got = replay(drafter, prompt, out, k, shape, max_tokens, domain=domain)

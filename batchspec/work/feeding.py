@@ -42,6 +42,12 @@ class Replays:
         if self._up_at is None:
             self._up_at = time.perf_counter()
 
+    def learn(self, domain: str | None, outputs: list[list[int]]) -> None:
+        """Outputs the engine learned from committed parts (``seeding``): replayed rows of
+        the domain draft from them as the engine's did."""
+        if self.replayer is not None:
+            self.replayer.learn(domain, outputs)
+
     def replay(self, result: UnitResult) -> None:
         """The unit's rows replayed, in order, until the budget is spent."""
         replayer = self.replayer

@@ -42,6 +42,7 @@ from batchspec.work.runlog import (
     write_run_log,
 )
 from batchspec.work.scheduler import Scheduler
+from batchspec.work.seeding import Seeding, SeedingFeed
 from batchspec.work.source import ClaimingSource
 from batchspec.work.stopping import StopFlag
 
@@ -79,6 +80,7 @@ class Worker:
         """The progress shown (``run``'s): it says when an engine starts (``_build``)."""
         self.record = ProgressLog(self.out, name, stats.run_id, self.leases)  # one record
         self.replays = Replays(spec)
+        self.seeding = Seeding(spec, pre.units, self.tokenizer, self.replays)
         # Units the policy took only to explore, up to the last engine record: a probe is
         # taken before its engine starts, so each record counts from the previous one.
         self._explored_counted = 0
@@ -202,6 +204,7 @@ class Worker:
             replay.equal,
         )
         feed = UnitKFeed(source, self.scheduler) if engine.k_per_unit else source
+        seeded, feed = self.seeding.mark(), SeedingFeed(feed, self.seeding)
         try:
             for result in engine.run(feed, self.stop.expired):
                 whole = source.finished(result)
@@ -218,6 +221,7 @@ class Worker:
             record["rows_replayed"] = replay.rows - replayed
             record["replay_checked"] = replay.checked - checked
             record["replay_equal"] = replay.equal - equal
+            record.update(self.seeding.since(seeded))
             explored = self.scheduler.policy.explored
             record["units_explored"] = explored - self._explored_counted
             self._explored_counted = explored
@@ -241,6 +245,7 @@ class Worker:
         remember_start(kind, model, engine.build_s)
         self.scheduler.policy.engine_up(engine)
         self.replays.engine_up(engine)
+        self.seeding.engine_up(engine)  # after the replay's: both start empty
         self.stats.engine_build_s += engine.build_s
         self.stats.engine_builds += 1
         return engine

@@ -108,6 +108,18 @@ class TreeEngine:
             self._profile = load_or_measure(self.model, self.model_name, nodes)
         return self._profile
 
+    @property
+    def learns_outputs(self) -> bool:
+        """Whether its drafts come from the job's outputs (``base.LearnsOutputs``)."""
+        return isinstance(self.drafter, Learner)
+
+    def learn_outputs(self, domain: str | None, outputs: list[list[int]]) -> None:
+        """Outputs of ``domain`` finished elsewhere (committed parts), oldest first, as if
+        its rows had finished here before any row now in flight asked for a draft."""
+        if isinstance(self.drafter, Learner):
+            for out in outputs:
+                self.drafter.learn(domain, out)
+
     def _generator(self, seed: int) -> torch.Generator:
         """A generator on the model's device: sampling there needs one (a CPU generator
         cannot draw for CUDA tensors); on the CPU it is the generator it always was."""

@@ -95,7 +95,7 @@ def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:
     elif s.method == "eagle3":
         model = open_eagle_drafter(spec, target, target.max_len + scratch)
     elif s.method == "suffix":
-        return SuffixDrafter(ngram)
+        return SuffixDrafter(ngram, s.suffix)
     else:
         return ngram
     return NgramFirst(ngram, model) if tree is not None and tree.ngram_first else model

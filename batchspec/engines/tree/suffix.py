@@ -4,9 +4,11 @@ context, merged into one tree.
 Two sources, as in SuffixDecoding (arXiv 2411.04975; Arctic Inference ships it for vLLM): the
 row's own prompt and output (``ngram.NgramIndex``, the trie ``method: ngram`` drafts from) and
 every output the engine finished earlier in the row's domain (``suffix_index.SuffixIndex``, one
-per domain, fed each finished row at any K). The domain's continuations are sized by how long
-the match is (``spec_factor`` draft nodes per matched token, SuffixDecoding's
-``max_spec_factor``): a two-token match proposes little, a sentence-long one a whole subtree.
+per domain, fed each finished row at any K, and at a worker's first unit of the domain the
+newest of its committed rows: ``work/seeding.py``). The domain's continuations are sized by how
+long the match is (``spec_factor`` draft nodes per matched token, SuffixDecoding's
+``max_spec_factor``; the index's sizes and the match are ``speculative.suffix``, ``SuffixSpec``):
+a two-token match proposes little, a sentence-long one a whole subtree.
 Both tries go through ``continuations.merge`` under the row's node budget and shape: a
 continuation both sources propose is one node, ranked by the larger of its two shares.
 
@@ -27,21 +29,16 @@ from batchspec.engines.tree.continuations import grow, merge
 from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.engines.tree.shape import DraftTree
-from batchspec.engines.tree.suffix_index import MAX_TOKENS, SuffixIndex
-
-SPEC_FACTOR = 1.0
-"""Draft nodes from the domain's outputs per token of the matched suffix (Arctic Inference's
-default ``suffix_max_spec_factor``)."""
+from batchspec.engines.tree.suffix_index import SuffixIndex
+from batchspec.spec.suffix import SuffixSpec
 
 
 class SuffixDrafter:
     """``drafting.Drafter`` and ``drafting.Learner``: each row's n-gram trie merged with its
     domain's earlier outputs."""
 
-    def __init__(
-        self, ngram: NgramDrafter, max_tokens: int = MAX_TOKENS, spec_factor: float = SPEC_FACTOR
-    ) -> None:
-        self.ngram, self.max_tokens, self.spec_factor = ngram, max_tokens, spec_factor
+    def __init__(self, ngram: NgramDrafter, settings: SuffixSpec | None = None) -> None:
+        self.ngram, self.settings = ngram, settings or SuffixSpec()
         self.indexes: dict[str | None, SuffixIndex] = {}
         self.views: dict[int, int] = {}
         """Per slot, the domain index's positions the row drafts from (those below it)."""
@@ -50,7 +47,9 @@ class SuffixDrafter:
         """The domain's index (made empty on first use)."""
         found = self.indexes.get(domain)
         if found is None:
-            found = self.indexes[domain] = SuffixIndex(self.max_tokens)
+            s = self.settings
+            found = SuffixIndex(s.max_tokens, s.min_match, s.max_match, s.max_matches)
+            self.indexes[domain] = found
         return found
 
     def start(self, slot: int, prompt: Sequence[int], twin: int | None = None) -> None:
@@ -71,7 +70,7 @@ class SuffixDrafter:
         length, starts = index.match(own.tokens, view)
         if not starts:
             return own.draft(*shape)
-        size = min(ask.budget, math.ceil(self.spec_factor * length))
+        size = min(ask.budget, math.ceil(self.settings.spec_factor * length))
         theirs = grow(own.tokens[-1], starts, partial(index.read, view=view), size, *shape[1:])
         return merge([own.scored(*shape), theirs], *shape)
 

@@ -31,9 +31,8 @@ import bisect
 from array import array
 from collections.abc import Iterable, Sequence
 
-MAX_TOKENS = 1 << 20
-"""Tokens indexed per domain before the oldest are evicted: 15 MB of state once a million of
-the default job's output tokens went through, 22 MB after five million (docs/trees.md)."""
+from batchspec.spec.suffix import MAX_MATCH, MAX_MATCHES, MAX_TOKENS, MIN_MATCH
+
 SEPARATOR = -1
 """Written after each output: no match runs back across it, no continuation runs past it."""
 
@@ -44,9 +43,9 @@ class SuffixIndex:
     def __init__(
         self,
         max_tokens: int = MAX_TOKENS,
-        anchor: int = 2,
-        max_match: int = 32,
-        max_matches: int = 64,
+        anchor: int = MIN_MATCH,
+        max_match: int = MAX_MATCH,
+        max_matches: int = MAX_MATCHES,
     ) -> None:
         if max_tokens < 1 or not 1 <= anchor <= max_match or max_matches < 1:
             raise ValueError(
