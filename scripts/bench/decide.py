@@ -8,14 +8,13 @@ Target: a decision <= 5 ms, nothing on the per-step path.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, header
+from harness import ROOT, header, ints, parser
 
 from batchspec.io.layout import OutDir
 from batchspec.spec.file import load_spec
@@ -90,14 +89,9 @@ def quantiles(seconds: list[float]) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--domains", type=int, default=100)
-    ap.add_argument("--grid", default=GRID, help="comma list of K")
-    ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--repeat", type=int, default=200)
-    args = ap.parse_args()
+    args = parser(__doc__, domains=100, grid=GRID, rows=10_000_000, repeat=200).parse_args()
     header()
-    grid = sorted({int(k) for k in args.grid.split(",")})
+    grid = sorted(set(ints(args.grid)))
     with tempfile.TemporaryDirectory(prefix="bench-decide-") as tmp:
         started = time.perf_counter()
         scheduler, names = build(Path(tmp), args.domains, grid, args.rows)

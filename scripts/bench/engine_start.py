@@ -9,12 +9,11 @@ once per worker either way), building the engine and closing it, for the default
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 
-from harness import abba, fresh, header, ratio
+from harness import abba, fresh, header, parser, ratio
 
 SETTINGS = {
     "fork": {},
@@ -41,11 +40,7 @@ def start(config: str, job: str, k: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--job", default="jobs/synth_data.yaml")
-    parser.add_argument("--k", type=int, default=3)
-    args = parser.parse_args()
+    args = parser(__doc__, rounds=3, job="jobs/synth_data.yaml", k=3).parse_args()
     header()
     got = abba(list(SETTINGS), args.rounds, lambda c, _r: fresh(start, c, args.job, args.k),
                lambda _c, d: f"build {d['build_s']:.1f} s, close {d['close_s']:.1f} s")  # fmt: skip

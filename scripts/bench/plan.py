@@ -8,11 +8,10 @@ mixes them), each in a fresh process. Targets: under 60 s and under 500 MB peak 
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
-from harness import fresh, header, workdir
+from harness import fresh, header, parser, workdir
 from synthetic import write_input
 
 
@@ -27,10 +26,7 @@ def plan(path: str, unit_rows: int, domain: str | None) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--unit-rows", type=int, default=256)
-    args = ap.parse_args()
+    args = parser(__doc__, rows=10_000_000, unit_rows=256).parse_args()
     header()
     with workdir(None, "bench-plan-") as tmp:
         path, started = tmp / "big.parquet", time.perf_counter()

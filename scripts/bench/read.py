@@ -9,14 +9,13 @@ p99 Y ms, peak RSS Z MB``.
 
 from __future__ import annotations
 
-import argparse
 import random
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from harness import fresh, header, percentile, workdir
+from harness import fresh, header, parser, percentile, workdir
 from synthetic import DOMAINS, write_input
 
 PROMPT_BYTES = 1024
@@ -78,12 +77,9 @@ def report(r: dict, unit_rows: int, staged_mb: float) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--unit-rows", type=int, default=256)
-    ap.add_argument("--row-group-size", type=int, help="default: pyarrow's (1M rows)")
-    ap.add_argument("--sample", type=int, default=1000, help="units read one by one, timed")
-    ap.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
+    # --row-group-size: 0 is pyarrow's (1M rows); --sample: units read one by one, timed;
+    # --dir: kept (default: a temporary one, removed after).
+    ap = parser(__doc__, rows=1_000_000, unit_rows=256, row_group_size=0, sample=1000, dir=None)
     args = ap.parse_args()
     header()
     with workdir(args.dir, "bench_read-") as work:
@@ -91,7 +87,7 @@ def main() -> None:
         if shutil.disk_usage(work).free / 1e9 < need_gb:
             sys.exit(f"{work}: less than {need_gb:.1f} GB free; use --rows")
         path, started = work / "input.parquet", time.perf_counter()
-        write_input(path, args.rows, PROMPT_BYTES, args.row_group_size)
+        write_input(path, args.rows, PROMPT_BYTES, args.row_group_size or None)
         print(f"input: {args.rows:,} rows of ~{PROMPT_BYTES} B prompts, {len(DOMAINS)} "
               f"interleaved domains, row groups of {args.row_group_size or 'up to 1M'} rows, "
               f"{path.stat().st_size / 1e6:,.0f} MB (written in "

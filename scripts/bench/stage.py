@@ -8,12 +8,11 @@ M MB; ...``.
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from pathlib import Path
 
-from harness import fresh, header, percentile, workdir
+from harness import fresh, header, parser, percentile, workdir
 from synthetic import write_lines
 
 
@@ -52,13 +51,9 @@ def measure(work: str, unit_rows: int, units_read: int, read: bool) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rows", type=int, default=10_000_000)
-    p.add_argument("--prompt-bytes", type=int, default=256)
-    p.add_argument("--unit-rows", type=int, default=256)
-    p.add_argument("--units", type=int, default=300, help="units read for the latencies")
-    p.add_argument("--dir", help="working folder (default: a temporary one, removed after)")
-    args = p.parse_args()
+    # --units: units read for the latencies; --dir: kept (default: a temporary one, removed).
+    ap = parser(__doc__, rows=10_000_000, prompt_bytes=256, unit_rows=256, units=300, dir=None)
+    args = ap.parse_args()
     header()
     with workdir(args.dir, "bench_stage-") as work:
         started = time.perf_counter()

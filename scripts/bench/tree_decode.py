@@ -33,6 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness import options, parser
+
 from batchspec.engines.tree.model import TreeModel
 from batchspec.models import embedded_dir
 
@@ -54,20 +56,13 @@ ROUNDS = 4
 
 
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    """--random-7b: random Llama-2-7B-shaped weights; --steps: timed decode steps; --context:
+    prompt tokens cached per row; --reps: timed verify forwards per cell; --mkl: eager one-row
+    steps on MKL's kernel, not the compiled regions."""
+    ap = parser(__doc__, random_7b=False, threads=len(os.sched_getaffinity(0)), steps=64, warmup=8)
+    options(ap, context=128, nodes="1,2,4,8,16,32", batches="1,8,16", reps=3, mkl=False)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--random-7b", action="store_true", help="random Llama-2-7B-shaped weights")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--steps", type=int, default=64, help="timed decode steps")
-    ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--context", type=int, default=128, help="prompt tokens cached per row")
-    ap.add_argument("--nodes", default="1,2,4,8,16,32")
-    ap.add_argument("--batches", default="1,8,16")
-    ap.add_argument("--reps", type=int, default=3, help="timed verify forwards per cell")
-    ap.add_argument(
-        "--mkl", action="store_true", help="eager one-row steps on MKL, not compiled regions"
-    )
     return ap.parse_args()
 
 

@@ -10,7 +10,6 @@ The last line: ``verify/plain step W at 8 nodes``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -19,7 +18,7 @@ from collections.abc import Callable
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch: see tree_decode.py
 
 import torch
-from harness import ROOT, abba, header, ratio
+from harness import ROOT, abba, header, ints, options, parser, ratio
 
 from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.model import TreeModel
@@ -91,15 +90,11 @@ def drafting_seconds(k: int, rows: int, steps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", default="1,2,4,8,16", help="node counts N to time")
-    parser.add_argument("--context", type=int, default=256, help="cached tokens before a step")
-    parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per node count")
-    parser.add_argument("--reps", type=int, default=5, help="forwards per measurement")
-    parser.add_argument("--k", type=int, default=8, help="draft nodes for the drafting share")
-    parser.add_argument("--rows", type=int, default=8, help="long-context rows drafted over")
-    parser.add_argument("--threads", type=int, help="torch threads (default: one per core)")
-    args = parser.parse_args()
+    # --nodes: node counts N; --context: cached tokens before a step; --rounds: ABBA rounds per
+    # N; --reps: forwards per measurement; --k, --rows: draft nodes and long-context rows of
+    # the drafting share; --threads: torch's (0: one per core).
+    ap = parser(__doc__, nodes="1,2,4,8,16", context=256, rounds=2, reps=5, k=8, rows=8)
+    args = options(ap, threads=0).parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     header()
@@ -107,7 +102,7 @@ def main() -> None:
     compiled = model.use_one_row_kernel()
     print(f"threads {torch.get_num_threads()}, plain steps compiled: {compiled}", flush=True)
     model.prefill(0, [(7 * i) % 30000 + 10 for i in range(args.context)])
-    nodes = [int(n) for n in args.nodes.split(",")]
+    nodes = ints(args.nodes)
     costs = verify_costs(model, nodes, args.rounds, args.reps)
     plain = statistics.fmean(s for got in costs.values() for s in got["plain"])
     draft = drafting_seconds(args.k, args.rows, steps=32)
