@@ -98,6 +98,9 @@ class UnitRequests:
     k: int | None = None
     """The K (tree node budget; 0 = plain decoding) this unit's rows decode at, on an engine
     that takes K per unit (``Engine.k_per_unit``); None: the K the engine was built with."""
+    drafter: str | None = None
+    """The drafter its rows draft with (one of ``speculative.drafters``, the K controller's
+    choice for the domain, on the tree engine); None: the job's ``speculative.method``."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,11 @@ class RowResult:
     replayed: dict[int, int] | None = None
     """Per K of the job's grid, the draft tokens its drafter, replayed over this finished row,
     would have had accepted (``speculation/replay.py``; columns ``replayed_k`` and
-    ``replayed_accepted``); None where the row was not replayed."""
+    ``replayed_accepted``); None where the row was not replayed. With several drafters
+    (``speculative.drafters``), the replay of the drafter the row ran."""
+    replays: dict[str, dict[int, int]] | None = None
+    """With ``speculative.drafters``, ``replayed`` for every drafter that replays exactly
+    (n-gram and suffix trees), on the same row: what the K controller prices each with."""
 
     @property
     def running_s(self) -> float | None:

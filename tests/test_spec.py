@@ -177,6 +177,7 @@ CHANGES: dict[str, list[str]] = {
         "speculative.method=suffix",
         "speculative.suffix={max_tokens: 4096}",
     ],
+    "speculative.drafters": ["speculative.engine=tree", "speculative.drafters=[ngram, suffix]"],
     "speculative.engine": ["speculative.engine=tree"],
     "speculative.extra": ["speculative.extra={disable_padded_drafter_batch: true}"],
     "sampling.temperature": ["sampling.temperature=0.7"],

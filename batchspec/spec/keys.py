@@ -32,6 +32,7 @@ OUTPUT_NEUTRAL: frozenset[str] = frozenset(
         "speculative.k_grid",
         "speculative.explore",
         "speculative.tree",
+        "speculative.drafters",
         "speculative.suffix",
         "speculative.engine",
         "execution",

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from batchspec.spec.base import _Section, _shown
+from batchspec.spec.drafters import TreeDrafter, check_drafters
 from batchspec.spec.keys import (
     SPECULATIVE_KEYS_SET,
     checked_k_grid,
@@ -99,6 +100,16 @@ class SpeculativeSpec(_Section):
         description="`method: suffix` on the tree engine: the index of the job's outputs "
         "(its size, the match) and reading committed parts into it; the keys are listed below",
     )
+    drafters: list[TreeDrafter] | None = Field(
+        None,
+        description="the tree engine's drafters the K controller chooses among per domain, "
+        "each with its K (K=0 included), e.g. `[ngram, suffix]`: one engine loads them all "
+        "and each unit drafts with its domain's choice, priced from replayed tokens per step "
+        "(`ngram`, `suffix`) or measured acceptance (`draft_model`, `eagle3`: one at most) and "
+        "the profiled step plus each drafter's measured drafting time; `method` is where each "
+        "domain starts; needs `engine: tree` and `adaptive` (see *Choosing K*)",
+        json_schema_extra=_shown("`method` alone"),
+    )
     engine: EngineChoice = Field(
         VLLM,
         description="`vllm` (chains), `tree` (batchspec's tree engine; a missing `tree` key "
@@ -124,6 +135,7 @@ class SpeculativeSpec(_Section):
 
     _engine = model_validator(mode="before")(engine_defaults)
     _checked = model_validator(mode="after")(check_speculative)
+    _drafters = model_validator(mode="after")(check_drafters)
     _suffix = model_validator(mode="after")(check_suffix)
 
     def fixed_k(self, domain: str | None) -> int | None:

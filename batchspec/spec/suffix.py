@@ -84,9 +84,11 @@ class SuffixSpec(_Section):
 
 
 def check_suffix(s: Any) -> Any:
-    """``speculative.suffix`` only where it does something: ``method: suffix`` on the tree
-    engine (vLLM's suffix decoding is Arctic Inference's, with keys of its own)."""
-    if s.suffix is not None and (s.method != "suffix" or s.engine != "tree"):
+    """``speculative.suffix`` only where it does something: ``method: suffix``, or suffix
+    among ``speculative.drafters``, on the tree engine (vLLM's suffix decoding is Arctic
+    Inference's, with keys of its own)."""
+    suffix = "suffix" in (s.drafters or [s.method])
+    if s.suffix is not None and (not suffix or s.engine != "tree"):
         raise ValueError(
             "speculative.suffix needs method: suffix on the tree engine (engine: tree); "
             "vLLM's suffix decoding takes Arctic Inference's keys through speculative.extra"

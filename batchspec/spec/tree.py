@@ -118,10 +118,14 @@ class TreeSpec(TreeShape):
             raise ValueError("draft_layers must list distinct layer indices >= 0, ascending")
         return v
 
-    def check_method(self, method: str, model: str | None) -> None:
+    def check_method(
+        self, method: str, model: str | None, drafters: list[str] | None = None
+    ) -> None:
         """The tree engine drafts with n-grams, n-grams and the job's earlier outputs
         (``suffix``), a draft model (``model``, else the target's own ``draft_layers``) or an
-        EAGLE-3 head (``model``, ``batchspec distill``); other methods run on vLLM."""
+        EAGLE-3 head (``model``, ``batchspec distill``); other methods run on vLLM. The model
+        keys may serve a model drafter among ``drafters`` (``speculative.drafters``)."""
+        methods = {method, *(drafters or [])}
         if method not in ("ngram", "suffix", "draft_model", "eagle3", "none"):
             raise ValueError(
                 f"tree: the tree engine drafts with ngram, suffix, draft_model or eagle3; method "
@@ -129,9 +133,9 @@ class TreeSpec(TreeShape):
             )
         if method == "eagle3" and not model:
             raise ValueError("method eagle3 needs speculative.model (the head: batchspec distill)")
-        if self.ngram_first and method not in ("draft_model", "eagle3"):
+        if self.ngram_first and not methods & {"draft_model", "eagle3"}:
             raise ValueError("tree.ngram_first needs method draft_model or eagle3 (a model)")
-        if self.draft_layers is not None and method != "draft_model":
+        if self.draft_layers is not None and "draft_model" not in methods:
             raise ValueError("tree.draft_layers needs method draft_model")
         if method == "draft_model" and not (model or self.draft_layers):
             raise ValueError(
@@ -188,7 +192,7 @@ def check_speculative(s: Any) -> Any:
                 "tree.draft_layers drafts on the tree engine only (set engine: tree)"
             )
     if s.engine != VLLM:
-        s.tree.check_method(s.method, s.model)
+        s.tree.check_method(s.method, s.model, s.drafters)
     elif s.method in ("draft_model", "eagle", "eagle3") and not s.model:
         raise ValueError(f"method {s.method} needs speculative.model (the draft)")
     if s.k_by_batch_size is not None:

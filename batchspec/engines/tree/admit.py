@@ -5,7 +5,7 @@ A job that asks n samples of a prompt (or repeats a prompt) would otherwise pref
 times; the copy costs a slice of the KV cache. Which twin may be copied is a rule of the
 drafters': a row that drafts needs the drafter's state of the prompt (an EAGLE head keeps the
 target's features of every position), which only a computed prefill, or a drafting twin's,
-has; a row at K=0 never made it.
+has; a row at K=0 never made it, nor a row of another drafter (``speculative.drafters``).
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ def open_unit(unit: UnitRequests, k: int, k_cap: int, drafts: bool) -> tuple[Ope
 class Prompts:
     """The rows in flight by prompt, so that a new row may copy a twin's cached prompt."""
 
-    def __init__(self, model: TreeModel, drafts: Callable[[TreeRow], bool]) -> None:
-        """``drafts(row)``: whether the drafter keeps ``row`` (the twin rule above)."""
+    def __init__(self, model: TreeModel, drafts: Callable[[TreeRow], str | None]) -> None:
+        """``drafts(row)``: the drafter that keeps ``row``, None for none (the twin rule
+        above: a drafting row copies only a twin of its own drafter)."""
         self.model, self.drafts = model, drafts
         self.by_prompt: dict[int, TreeRow] = {}
 
@@ -60,7 +61,8 @@ class Prompts:
         key = hash(tuple(prompt))
         twin = self.by_prompt.get(key)
         same = twin is not None and twin.req.prompt_token_ids == prompt and twin in rows
-        if twin is not None and same and (self.drafts(twin) or not self.drafts(row)):
+        mine = self.drafts(row)
+        if twin is not None and same and (mine is None or mine == self.drafts(twin)):
             self.model.share_prefix(twin.slot, row.slot, len(prompt))
             row.prefill_logits = twin.prefill_logits
             return twin

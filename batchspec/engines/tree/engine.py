@@ -38,6 +38,7 @@ from batchspec.engines.tree.accept import Draws, TorchDraws, accept_greedy, acce
 from batchspec.engines.tree.admit import OpenUnit, Prompts, open_unit
 from batchspec.engines.tree.drafting import Ask, Learner, ask_for
 from batchspec.engines.tree.load import Target, load_target, max_k, open_drafter
+from batchspec.engines.tree.multi import DraftCosts, DrafterSet, recorded_method
 from batchspec.engines.tree.penalties import open_penalties
 from batchspec.engines.tree.profile import StepProfile, load_or_measure
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
@@ -69,13 +70,15 @@ class TreeEngine:
         """The largest K a unit may ask for: the cache's room for a tree behind the longest row."""
         self.stops = Stops(target.eos_ids, list(spec.sampling.stop), self.tokenizer)
         self.drafter = open_drafter(spec, min(max_k(spec, k), self.k_cap), self.model)
+        self.draft_costs: DraftCosts = getattr(self.drafter, "costs", None) or DraftCosts()
+        """Each drafter's drafting seconds per row and step, measured (``multi.py``)."""
         self.model_name = target.name
         self._profile: StepProfile | None = None
         self.logprobs = spec.sampling.logprobs_for(logprobs)
         self.free = list(range(spec.model.max_num_seqs))
         """Free slots, a heap: rows take the lowest, so rows in flight stay adjacent (cheap)."""
         self.rows: list[TreeRow] = []
-        self.prompts = Prompts(self.model, self._drafts)
+        self.prompts = Prompts(self.model, lambda r: r.drafter if self._drafts(r) else None)
         self.rng = self._generator(spec.model.seed)
         """Rows without a seed of their own draw from this one, in the order they step."""
         self.planted = planted.planted_on()
@@ -86,11 +89,9 @@ class TreeEngine:
         """Prompts copied from a row in flight instead of computed (a prompt's n samples)."""
         self.build_s = time.perf_counter() - started
 
-    def _method(self, k: int) -> str:
-        """The method recorded for rows decoded at K = ``k``."""
-        s = self.spec.speculative
-        hybrid = "+ngram" if s.tree is not None and s.tree.ngram_first else ""
-        return "none" if k == 0 else f"{s.method}{hybrid}-tree"
+    def _method(self, k: int, drafter: str | None = None) -> str:
+        """The method recorded for rows decoded at K = ``k`` with ``drafter``."""
+        return recorded_method(self.spec.speculative, k, drafter)
 
     def unit_k(self, unit: UnitRequests) -> int:
         """The K ``unit``'s rows decode at: its own, else the engine's."""
@@ -175,6 +176,7 @@ class TreeEngine:
             ),
             draws=self.draws(gen), queued=time.monotonic(),
             logprobs=[] if self.logprobs is not None else None, k=self.unit_k(owner.unit),
+            drafter=owner.unit.drafter or self.spec.speculative.method,
         )  # fmt: skip
         row.scheduled = time.monotonic()
         try:
@@ -206,6 +208,8 @@ class TreeEngine:
         twin = self.prompts.prefill(row, prompt, self.rows)
         self.shared_prefills += twin is not None
         if self._drafts(row):
+            if isinstance(self.drafter, DrafterSet):
+                self.drafter.assign(row.slot, row.drafter)
             self.drafter.start(row.slot, prompt, twin.slot if twin is not None else None)
         return row.prefill_logits
 
@@ -250,6 +254,10 @@ class TreeEngine:
         seconds check the step profile once someone asked for it."""
         started = time.perf_counter()
         trees = self._trees()
+        drafting = time.perf_counter() - started
+        if not isinstance(self.drafter, DrafterSet):  # a DrafterSet times each drafter itself
+            drafting_rows = sum(r.k > 0 for r in self.rows)
+            self.draft_costs.add(self.spec.speculative.method, drafting, drafting_rows)
         lens = self.model.cache_len
         batch = batch_layout(trees, [lens[r.slot] for r in self.rows])
         try:
@@ -262,7 +270,8 @@ class TreeEngine:
             self._accept(row, tree, logits[b, : tree.size])
         if self._profile is not None:
             nodes = max(t.size for t in trees) - 1
-            self._profile.observe(len(trees), nodes, time.perf_counter() - started)
+            # The profile prices the verify forward; drafting is priced per drafter (multi.py).
+            self._profile.observe(len(trees), nodes, time.perf_counter() - started - drafting)
 
     def _accept(self, row: TreeRow, tree: DraftTree, logits: torch.Tensor) -> None:
         """Accept a path of the row's verified tree, keep it in the cache, emit it and the
@@ -320,7 +329,8 @@ class TreeEngine:
         for entry in [e for e in opened if e.left == 0]:
             opened.remove(entry)
             k = self.unit_k(entry.unit)
-            yield UnitResult(entry.unit, list(entry.results), k, self._method(k), self.name)
+            method = self._method(k, entry.unit.drafter)
+            yield UnitResult(entry.unit, list(entry.results), k, method, self.name)
 
     def close(self) -> None:
         """Free the model and its cache before another engine starts (once; again: nothing)."""

@@ -21,6 +21,7 @@ from batchspec.engines.tree.drafting import Drafter
 from batchspec.engines.tree.eagle import open_eagle_drafter
 from batchspec.engines.tree.hybrid import NgramFirst
 from batchspec.engines.tree.model import TreeModel
+from batchspec.engines.tree.multi import drafter_set
 from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.engines.tree.suffix import SuffixDrafter
 from batchspec.engines.vllm_fork import parallel_compute_ran
@@ -82,19 +83,29 @@ def max_k(spec: JobSpec, k: int) -> int:
 
 
 def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:
-    """The job's drafter (``drafting.Drafter``) on the target's device; None at K=0."""
+    """The job's drafter (``drafting.Drafter``) on the target's device; None at K=0. With
+    ``speculative.drafters``, all of them in one ``multi.DrafterSet`` (sharing one n-gram
+    drafter's per-slot tries), each unit's rows drafting with the unit's."""
     if k <= 0:
         return None
+    s = spec.speculative
+    ngram = NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
+    if s.drafters is None:
+        return _drafter(spec, s.method, k, target, ngram)
+    return drafter_set({d: _drafter(spec, d, k, target, ngram) for d in s.drafters})
+
+
+def _drafter(spec: JobSpec, method: str, k: int, target: TreeModel, ngram: NgramDrafter) -> Drafter:
+    """The job's drafter ``method``, over the shared ``ngram`` drafter."""
     s = spec.speculative
     tree = s.tree
     depth = max([tree.depth(), *(t.depth() for t in tree.per_domain.values())]) if tree else 1
     scratch = growth_scratch(k, depth)  # behind the longest row the target may hold
-    ngram = NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
-    if s.method == "draft_model":
+    if method == "draft_model":
         model = open_model_drafter(spec, target, target.max_len + scratch)
-    elif s.method == "eagle3":
+    elif method == "eagle3":
         model = open_eagle_drafter(spec, target, target.max_len + scratch)
-    elif s.method == "suffix":
+    elif method == "suffix":
         return SuffixDrafter(ngram, s.suffix)
     else:
         return ngram

@@ -76,6 +76,8 @@ class TreeRow:
     """Penalty and ``min_tokens`` state (``penalties.RowPenalties``); None without."""
     k: int = 0
     """The draft node budget this row decodes at, its unit's K (0: plain decoding)."""
+    drafter: str = ""
+    """The drafter its trees come from, its unit's (``speculative.drafters``)."""
 
     def emit(self, tokens: list[int], stops: Stops, lps: list[dict[int, float]] | None) -> int:
         """Append a step's tokens up to the first that ends the row (EOS, a stop string,
