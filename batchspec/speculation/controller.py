@@ -209,6 +209,7 @@ class _Table:
         den = np.where(both, predicted, 0.0).sum(axis=1)
         scale = np.divide(num, den, out=np.ones_like(num), where=den > 0)
         self.rates = np.where(np.isfinite(measured), measured, predicted * scale[:, None])
+        self.predicted, self.measured = predicted, measured  # unscaled (``drafters``)
         known = np.isfinite(self.rates)
         # K=0 ran for the domain (its step time measured, not only profiled).
         zero = np.zeros(n + 1, dtype=bool)
@@ -225,6 +226,7 @@ class _Table:
         replayed[n] = replayed[:n].any()
         default = ~known.any(axis=1) | ((accepted + rejections == 0) & ~replayed & ~zero)
         self.k = np.where(default, ctl.default_k, best)
+        self.default = default
         self._measurement_wins(ctl, grid, default)
 
     def _measurement_wins(self, ctl: Controller, grid: np.ndarray, default: np.ndarray) -> None:

@@ -110,6 +110,11 @@ class Observation:
     over the replayed rows, their output tokens after the first (the decode steps' share)
     and the draft tokens replay accepted at K; tokens per step at K is tokens / (tokens −
     accepted). Empty where no row was replayed (and in files of older runs)."""
+    drafter: str | None = None
+    """The drafter its rows ran with (``speculative.drafters``); None: the job's method."""
+    replays: dict[str, list[list[int]]] = field(default_factory=dict)
+    """With ``speculative.drafters``, ``replay`` per drafter that replays exactly, on the
+    same rows (``speculation/drafters.py`` prices each drafter from its own)."""
 
     @property
     def rate(self) -> float | None:
@@ -127,7 +132,7 @@ class Observation:
     @classmethod
     def from_result(cls, result: UnitResult, batch: int) -> Observation:
         """What a unit's rows showed, run at ``batch`` (the engine's max_num_seqs)."""
-        ob = cls(result.unit.domain, result.k, batch)
+        ob = cls(result.unit.domain, result.k, batch, drafter=result.unit_requests.drafter)
         for r in result.results:
             ob.add(r)
         return ob
@@ -148,6 +153,10 @@ class Observation:
         # Metrics of an engine without speculation (K=0) are not acceptance measurements.
         if r.replayed is not None:
             self.add_replay([[k, tokens - 1, a] for k, a in r.replayed.items()])
+        for name, replayed in (r.replays or {}).items():
+            add_replay(
+                self.replays.setdefault(name, []), [[k, tokens - 1, a] for k, a in replayed.items()]
+            )
         spec = r.spec if self.k > 0 else None
         accepted = spec.accepted if spec else 0
         self.accepted += accepted
@@ -157,17 +166,12 @@ class Observation:
 
     def add_replay(self, items: list[list[int]]) -> None:
         """Add ``[K, tokens, accepted]`` sums, K by K."""
-        at = {k: i for i, (k, _, _) in enumerate(self.replay)}
-        for k, tokens, accepted in items:
-            if k in at:
-                self.replay[at[k]][1] += tokens
-                self.replay[at[k]][2] += accepted
-            else:
-                at[k] = len(self.replay)
-                self.replay.append([k, tokens, accepted])
+        add_replay(self.replay, items)
 
     def merge(self, other: Observation) -> None:
         self.add_replay(other.replay)
+        for name, items in other.replays.items():
+            add_replay(self.replays.setdefault(name, []), items)
         for name in (
             "rows",
             "output_tokens",
@@ -181,6 +185,18 @@ class Observation:
             "rate_sq",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def add_replay(sums: list[list[int]], items: list[list[int]]) -> None:
+    """Add ``[K, tokens, accepted]`` ``items`` into ``sums`` (of the same form), K by K."""
+    at = {k: i for i, (k, _, _) in enumerate(sums)}
+    for k, tokens, accepted in items:
+        if k in at:
+            sums[at[k]][1] += tokens
+            sums[at[k]][2] += accepted
+        else:
+            at[k] = len(sums)
+            sums.append([k, tokens, accepted])
 
 
 @dataclass

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from batchspec.engines.base import Engine
 from batchspec.io.layout import OutDir
 from batchspec.spec import JobSpec
 from batchspec.speculation.controller import Controller
+from batchspec.speculation.drafters import DrafterChoice
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.shared import SharedStats
 from batchspec.speculation.steps import write_step_costs
@@ -50,6 +51,8 @@ class Decision:
 
     plan: dict[Domain, int]
     probe: tuple[Domain, int] | None
+    drafters: dict[Domain, str] = field(default_factory=dict)
+    """The drafter per domain, where the job has several (``speculative.drafters``)."""
 
 
 class KPolicy:
@@ -67,6 +70,13 @@ class KPolicy:
         self.ctl = Controller(
             spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.fixed_k
         )
+        self.drafters = None
+        """With ``speculative.drafters``: the drafter and K per domain (``drafters``)."""
+        if s.drafters is not None and self.adaptive:
+            args = (s.method, self.ctl.batch, s.k_grid, s.num_speculative_tokens, s.fixed_k)
+            self.drafters = DrafterChoice(s.drafters, *args)
+        self.draft_costs: object = None
+        """The engine's measured drafting seconds per drafter (``multi.DraftCosts``)."""
         self.shared = SharedStats(out, worker)
         self.out, self.worker = out, worker
         self._taken: dict[Domain, tuple[int, int]] = {}
@@ -93,7 +103,12 @@ class KPolicy:
     @property
     def version(self) -> tuple[int, float | None]:
         """What decisions depend on besides the rows left: observations and the start cost."""
-        return self.ctl.version, self.build_s
+        return self.ctl.version + (self.drafters.version if self.drafters else 0), self.build_s
+
+    def _learn(self, ob: Observation) -> None:
+        self.ctl.add(ob)
+        if self.drafters is not None:
+            self.drafters.add(ob)
 
     def refresh(self) -> None:
         """Take in the units other workers committed: every ``REFRESH_S`` seconds, or less
@@ -104,7 +119,7 @@ class KPolicy:
         self._read_at = time.monotonic()
         for ob in self.shared.read_paced():
             if ob.engine in (None, self.engine):  # another engine has other step costs
-                self.ctl.add(ob)
+                self._learn(ob)
 
     def measured_start(self, seconds: float) -> None:
         """An engine just started in this many seconds: what the next switch of K costs."""
@@ -121,7 +136,15 @@ class KPolicy:
         if seconds is not None and self.ctl.step_cost is None:
             self._profile = profile
             batch = self.ctl.batch
-            self.ctl.step_cost = lambda k: float(seconds(batch, k))
+            costs = self.draft_costs = getattr(engine, "draft_costs", None)
+            per_row = costs.per_row if costs is not None else lambda d: None
+            method = self.spec.speculative.method
+            # The profile prices the verify forward; drafting adds its measured seconds.
+            self.ctl.step_cost = lambda k: (
+                float(seconds(batch, k)) + (batch * (per_row(method) or 0.0) if k > 0 else 0.0)
+            )
+            if self.drafters is not None:
+                self.drafters.price(lambda k: float(seconds(batch, k)), per_row)
             self.ctl.version += 1
             self.ctl._table = None
             self._write_steps()
@@ -133,13 +156,15 @@ class KPolicy:
             seconds = {k: cost(k) for k in self.ctl.k_grid}
             summary = getattr(self._profile, "summary", None)  # the fit, or the check
             fit = summary(self.ctl.batch, self.ctl.k_grid) if summary else None
-            write_step_costs(self.out, self.worker, self.engine, self.ctl.batch, seconds, fit)
+            drafting = getattr(self.draft_costs, "summary", dict)()
+            args = (self.engine, self.ctl.batch, seconds, fit, drafting)
+            write_step_costs(self.out, self.worker, *args)
 
     def observe(self, ob: Observation) -> None:
         """A unit this worker committed: learn from it and share it."""
         if self.adaptive:
             ob.engine = self.engine
-            self.ctl.add(ob)
+            self._learn(ob)
             self.shared.append(ob)
             self._write_steps()  # real steps correct the prices
 
@@ -156,6 +181,9 @@ class KPolicy:
         with np.errstate(divide="ignore", invalid="ignore"):
             seconds = tokens[:, None] / (self.ctl.batch * rates)
         seconds[~np.isfinite(seconds)] = np.inf
+        if self.per_unit and self.drafters is not None:  # the drafter and K per domain
+            plan, drafters = self.drafters.plan(domains)
+            return Decision(plan, None, drafters)
         if self.per_unit:  # no engine to build: every domain at its own best K
             return Decision({d: int(k) for d, k in zip(domains, own, strict=True)}, None)
         plan = self._plan(domains, seconds, own, engine_k)

@@ -28,6 +28,7 @@ which no replay can know: the replay counts only emitted tokens, as the tree eng
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,16 +122,28 @@ class Replayer:
     """``method: suffix`` on the tree engine: the ``SuffixDrafter`` replayed, whose domain
     indexes learn each row after it is replayed (made on the first row)."""
 
+    costs: Any = None
+    """The engine's ``multi.DraftCosts``: each tree drafter's replay time per drafting step
+    is added to it (what prices a drafter the engine has not run yet)."""
+
+    @property
+    def drafters(self) -> list[str]:
+        """The job's drafters that replay exactly: on the tree engine the n-gram and suffix
+        drafters among ``speculative.drafters`` (or its method), on vLLM n-gram chains."""
+        s = self.spec.speculative
+        if self.engine != TREE:
+            return ["ngram"] if s.method == "ngram" else []
+        return [d for d in s.drafters or [s.method] if d in ("ngram", "suffix")]
+
     @property
     def supported(self) -> bool:
-        method = self.spec.speculative.method
-        return method == "ngram" or (method == "suffix" and self.engine == TREE)
+        return bool(self.drafters)
 
     def learn(self, domain: str | None, outputs: list[list[int]]) -> None:
         """Outputs the engine learned before any row of ``domain`` (committed parts, read
         back: ``work/seeding.py``), learned here too, so the domain's rows replay against
         the index the engine drafted from."""
-        if self.spec.speculative.method == "suffix" and self.engine == TREE:
+        if "suffix" in self.drafters:
             for out in outputs:
                 self._suffix().learn(domain, out)
 
@@ -146,14 +159,21 @@ class Replayer:
         return self.suffix
 
     def row(self, r: RowResult) -> list[int] | None:
-        """Accepted draft tokens per K of the grid for one finished row; None for an error
-        row, a row without output, or drafts that cannot be replayed."""
+        """Accepted draft tokens per K of the grid for one finished row, with the job's
+        method; None for an error row, a row without output, or drafts that cannot be
+        replayed (``each``: every drafter of the job)."""
+        return (self.each(r) or {}).get(self.spec.speculative.method)
+
+    def each(self, r: RowResult) -> dict[str, list[int]] | None:
+        """Per drafter of the job that replays, accepted draft tokens per K of the grid for
+        one finished row; None for an error row, a row without output, or none that
+        replays. A suffix drafter learns the row after every drafter replayed it."""
         prompt, out = r.request.prompt_token_ids, r.token_ids
         self.open_end = set()
         if not self.supported or r.error is not None or not prompt or not out:
             return None
         if self.engine == TREE:
-            got = [self._tree(prompt, out, r.request.domain, k) for k in self.grid]
+            got = {d: self._timed(d, prompt, out, r.request.domain) for d in self.drafters}
             if self.suffix is not None:
                 self.suffix.learn(r.request.domain, out)
             return got
@@ -167,10 +187,25 @@ class Replayer:
             accepted.append(got if k > 0 else 0)
             if open_end and k > 0:
                 self.open_end.add(k)
-        return accepted
+        return {"ngram": accepted}
 
-    def _tree(self, prompt: list[int], out: list[int], domain: str | None, k: int) -> int:
-        """The tree engine's n-gram trees at K with the domain's shape (its own defaults)."""
+    def _timed(
+        self, drafter: str, prompt: list[int], out: list[int], domain: str | None
+    ) -> list[int]:
+        """``drafter``'s accepted tokens at every K, its time per drafting step noted in
+        ``costs`` (the whole replay's: an upper bound on the drafting alone)."""
+        started = time.perf_counter()
+        got = [self._tree(drafter, prompt, out, domain, k) for k in self.grid]
+        if self.costs is not None:
+            steps = sum(steps for _, steps in got)
+            self.costs.add(drafter, time.perf_counter() - started, steps, replayed=True)
+        return [accepted for accepted, _ in got]
+
+    def _tree(
+        self, method: str, prompt: list[int], out: list[int], domain: str | None, k: int
+    ) -> tuple[int, int]:
+        """The tree engine's n-gram or suffix trees (``method``) at K with the domain's shape
+        (its own defaults): draft tokens accepted, and steps that drafted."""
         # Imported here: the tree engine's modules import torch (a second of every CLI
         # command's start, ``validate`` and ``status`` included, which reach this module).
         from batchspec.engines.tree.drafting import replay
@@ -178,11 +213,11 @@ class Replayer:
 
         s = self.spec.speculative
         if k <= 0 or s.tree is None:
-            return 0
+            return 0, 0
         # The tree engine's own defaults (``engines/tree/load.py``), not vLLM's rule.
         lo, hi = s.prompt_lookup_min or 1, s.prompt_lookup_max or 3
-        drafter = self._suffix() if s.method == "suffix" else NgramDrafter(lo, hi)
+        drafter = self._suffix() if method == "suffix" else NgramDrafter(lo, hi)
         shape = s.tree.shape_for(domain)
         max_tokens = min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt))
         got = replay(drafter, prompt, out, k, shape, max_tokens, domain=domain)
-        return sum(got.accepted)
+        return sum(got.accepted), len(got.accepted)

@@ -31,11 +31,14 @@ def write_step_costs(
     batch: int,
     seconds: dict[int, float],
     fit: dict[str, Any] | None = None,
+    drafting: dict[str, float] | None = None,
 ) -> None:
     """This worker's seconds per step by K at ``batch`` on ``engine`` (atomic rewrite; K not
     priced yet left out), and what they come from: on vLLM the fit of its steps
     (``engines.vllm_steps``), on the tree engine its profile's check against the run's steps
-    (``engines.tree.step_check``, ``"kind": "tree-profile"``)."""
+    (``engines.tree.step_check``, ``"kind": "tree-profile"``); ``drafting``: each drafter's
+    measured seconds per row and step (``engines.tree.multi.DraftCosts``), of which the job's
+    method's is in ``seconds`` at K > 0."""
     out.stats.mkdir(parents=True, exist_ok=True)
     path = steps_path(out, worker)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -43,6 +46,8 @@ def write_step_costs(
     data: dict[str, Any] = {"engine": engine, "batch": batch, "seconds": priced}
     if fit is not None:
         data["fit"] = fit
+    if drafting:
+        data["drafting"] = drafting
     tmp.write_text(json.dumps(data) + "\n")
     os.replace(tmp, path)
 
@@ -74,6 +79,19 @@ def read_step_costs(out: OutDir, engine: str | None, batch: int) -> Callable[[in
     pairs = max(found)[1]
     ks, secs = [float(k) for k, _ in pairs], [float(s) for _, s in pairs]
     return lambda k: float(np.interp(k, ks, secs))
+
+
+def read_drafting(out: OutDir, engine: str | None, batch: int) -> dict[str, float]:
+    """Each drafter's drafting seconds per row and step as the newest worker's file for this
+    engine and batch size has them (``write_step_costs``); empty where none does."""
+    found = [
+        (mtime, data["drafting"])
+        for mtime, data in _step_files(out)
+        if data.get("engine") == engine
+        and data.get("batch") == batch
+        and isinstance(data.get("drafting"), dict)
+    ]
+    return {str(d): float(s) for d, s in max(found, key=lambda f: f[0])[1].items()} if found else {}
 
 
 def read_step_fit(out: OutDir) -> tuple[int, dict[str, Any]] | None:

@@ -9,7 +9,7 @@ import time
 from batchspec.engines import Engine
 from batchspec.spec import JobSpec
 from batchspec.speculation.replay import Replayer
-from batchspec.units import SpecStats, UnitRequests, UnitResult
+from batchspec.units import RowResult, SpecStats, UnitRequests, UnitResult
 from batchspec.work.scheduler import Scheduler
 from batchspec.work.source import ClaimingSource
 
@@ -39,6 +39,7 @@ class Replays:
         s = self.spec.speculative
         grid = sorted({*s.k_grid, engine.k, *s.per_domain.values()})
         self.replayer = Replayer(self.spec, engine.name, grid, engine.max_model_len)
+        self.replayer.costs = getattr(engine, "draft_costs", None)
         if self._up_at is None:
             self._up_at = time.perf_counter()
 
@@ -57,12 +58,22 @@ class Replays:
             started = time.perf_counter()
             if self.seconds > REPLAY_SHARE * (started - self._up_at):
                 return
-            accepted = replayer.row(r)
-            if accepted is not None:
-                r.replayed = dict(zip(replayer.grid, accepted, strict=True))
+            each = replayer.each(r)
+            if each is not None:
+                self._keep(r, each, result.unit_requests.drafter)
+                if r.replayed is not None:
+                    self._check(r.replayed, r.spec, result.k, replayer.open_end)
                 self.rows += 1
-                self._check(r.replayed, r.spec, result.k, replayer.open_end)
             self.seconds += time.perf_counter() - started
+
+    def _keep(self, r: RowResult, each: dict[str, list[int]], drafter: str | None) -> None:
+        """A row's replays: the replay of the drafter it ran (``replayed``: its columns,
+        its check), and with ``speculative.drafters`` every drafter's (``replays``)."""
+        grid = self.replayer.grid if self.replayer is not None else []
+        replays = {d: dict(zip(grid, accepted, strict=True)) for d, accepted in each.items()}
+        r.replayed = replays.get(drafter or self.spec.speculative.method)
+        if self.spec.speculative.drafters is not None:
+            r.replays = replays
 
     def _check(
         self, replayed: dict[int, int], spec: SpecStats | None, k: int, open_end: set[int]
@@ -88,6 +99,7 @@ class UnitKFeed:
         requests = self.source.next_unit()
         if requests is not None and requests.k is None:
             requests.k = self.scheduler.unit_k(requests.unit)
+            requests.drafter = self.scheduler.unit_drafter(requests.unit)
         return requests
 
     def exhausted(self) -> bool:

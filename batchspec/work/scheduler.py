@@ -61,6 +61,8 @@ class Scheduler:
         """Rows left per domain; only domains with units left."""
         self._unit_k: dict[str, int] = {}
         """The planned K of each unit taken and not yet asked for (``unit_k``)."""
+        self._unit_drafter: dict[str, str] = {}
+        """The same for the planned drafter (``speculative.drafters``; ``unit_drafter``)."""
 
     def __bool__(self) -> bool:
         return bool(self._queues)
@@ -74,7 +76,7 @@ class Scheduler:
         """
         decision = self._decide(engine_k)
         if self.policy.per_unit and engine_k is not None:
-            return engine_k, self._take_any(decision.plan)
+            return engine_k, self._take_any(decision)
         if decision.probe is not None:
             domain, k = decision.probe
             self.policy.taken(domain, explored=True)
@@ -95,7 +97,7 @@ class Scheduler:
             return None
         decision = self._decide(k)
         if self.policy.per_unit:
-            return self._take_any(decision.plan)
+            return self._take_any(decision)
         if self._idle == self._state(k):
             return None
         unit = None
@@ -134,14 +136,17 @@ class Scheduler:
         self.policy.taken(domain, explored=plan[domain] != k)
         return self._pop(domain, k)
 
-    def _take_any(self, plan: dict[Domain, int]) -> WorkUnit | None:
-        """The next unit in plan order, of any domain, at its domain's planned K (an engine
-        that takes K per unit)."""
+    def _take_any(self, decision: Decision) -> WorkUnit | None:
+        """The next unit in plan order, of any domain, at its domain's planned K and drafter
+        (an engine that takes K per unit)."""
         if not self._queues:
             return None
         domain = min(self._queues, key=lambda d: self._queues[d][0][0])
         self.policy.taken(domain, explored=False)
-        return self._pop(domain, plan[domain])
+        unit = self._pop(domain, decision.plan[domain])
+        if domain in decision.drafters:
+            self._unit_drafter[unit.unit_id] = decision.drafters[domain]
+        return unit
 
     def take(self, unit_id: str) -> WorkUnit | None:
         """Take one unit out of the plan, wherever it is (a dead worker's unit this worker
@@ -160,6 +165,10 @@ class Scheduler:
         """The K the plan gave ``unit`` when it was taken (None if unknown): what an engine
         that takes K per unit decodes its rows at."""
         return self._unit_k.pop(unit.unit_id, None)
+
+    def unit_drafter(self, unit: WorkUnit) -> str | None:
+        """The drafter the plan gave ``unit`` (None: the job's method)."""
+        return self._unit_drafter.pop(unit.unit_id, None)
 
     def _pop(self, domain: Domain, k: int) -> WorkUnit:
         self._taken += 1
