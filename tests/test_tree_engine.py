@@ -131,3 +131,27 @@ def test_sampled_trees_pass_and_a_planted_bias_fails(
     )
     assert bad.returncode == 1, bad.stderr[-3000:]
     assert report(tmp_path / "b")["checks"][0]["rejected"] > 0
+
+
+def test_the_drafters_chosen_per_domain_are_identical_to_plain_decoding(tmp_path: Path) -> None:
+    """``speculative.drafters``: ``verify`` deals the rows out to one unit per drafter in one
+    batch of one engine (n-gram and suffix trees loaded once, each unit drafting with its
+    own), and every row is plain decoding's. (The choice itself: ``test_drafters.py``; a run
+    and its report: ``test_drafter_view.py``.)"""
+    quoting = pl.col("domain").is_in(["summarization", "translation"])  # drafts land there
+    rows = pl.read_parquet(PROMPTS).filter(quoting).group_by("domain", maintain_order=True)
+    rows.head(2).write_parquet(tmp_path / "in.parquet")
+    drafters = {"method": "suffix", "drafters": ["ngram", "suffix"], "adaptive": True}
+    job = job_dict(
+        tmp_path / "out",
+        input={"path": str(tmp_path / "in.parquet")},
+        speculative={**TREE, **drafters},
+        sampling={"max_tokens": 16},
+    )
+    ok = run_cli("verify", str(write_job(tmp_path / "job.yaml", job)), "--rows", "4")
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
+    result = report(tmp_path / "out")
+    (check,) = result["checks"]
+    assert check["dtype"] == "float32" and check["rows"] == check["identical"] == 4
+    (spec_run,) = [e for e in result["engines"] if e["k"] == 6]
+    assert set(spec_run["by_drafter"]) == {"ngram", "suffix"} and spec_run["accepted"] > 0

@@ -142,6 +142,7 @@ status = status_command(
 @user_errors
 def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     """Per-domain table of a run's committed output (with the K controller's view), and plots."""
+    from batchspec.observe.drafter_view import drafter_view, format_drafter_view
     from batchspec.observe.report import (
         format_domain_table,
         format_k_view,
@@ -159,6 +160,9 @@ def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     click.echo(format_domain_table(table, markdown=markdown))
     if view is not None and format_k_view(view, markdown):
         click.echo("\n" + format_k_view(view, markdown))
+    drafters = drafter_view(out)
+    if drafters is not None:
+        click.echo("\n" + format_drafter_view(drafters, markdown))
     if not markdown and format_step_fit(out):
         click.echo("\n" + format_step_fit(out))
     if plots is not None:

@@ -101,11 +101,21 @@ def _capped(sampling: Any, cap: int | None) -> Any:
     return sampling.model_copy(update=bounded | {"min_tokens": min(sampling.min_tokens, cap)})
 
 
-def run_rows(engine: Any, unit: WorkUnit, rows: list[RowRequest]) -> list[RowResult]:
-    """Every row through the engine, results in the rows' order."""
-    results: list[RowResult] = []
-    for res in engine.run(ListSource([UnitRequests(unit, list(rows))]), lambda: False):
-        results.extend(res.results)
+def run_rows(
+    engine: Any, unit: WorkUnit, rows: list[RowRequest], drafters: list[str] | None = None
+) -> list[RowResult]:
+    """Every row through the engine, results in the rows' order. With ``drafters`` (a job's
+    ``speculative.drafters``), the rows dealt out in turn to one unit per drafter, all in one
+    batch: every drafter the controller may choose is checked, side by side."""
+    groups: list[str | None] = list(drafters or [None])
+    units = [UnitRequests(unit, rows[i :: len(groups)], drafter=d) for i, d in enumerate(groups)]
+    done = list(engine.run(ListSource(units), lambda: False))
+    if len(units) == 1:
+        return [r for res in done for r in res.results]
+    found = {id(res.unit_requests): res.results for res in done}
+    results: list[RowResult] = [None] * len(rows)  # type: ignore[list-item]
+    for i, u in enumerate(units):
+        results[i :: len(groups)] = found[id(u)]
     return results
 
 
@@ -161,7 +171,7 @@ class _Runner:
                 # Each prompt once first: its copies then find its prefill in vLLM's prefix
                 # cache (copies scheduled in one step cannot share it).
                 run_rows(engine, units[0], base)
-            out = run_rows(engine, units[0], rows)
+            out = run_rows(engine, units[0], rows, spec.speculative.drafters if k else None)
             took = time.perf_counter() - started
             # Drafts the check covered: a check of a run that accepted none proves little.
             drafted = sum(r.spec.drafted for r in out if r.spec)
@@ -171,7 +181,8 @@ class _Runner:
             self.engines.append(
                 {"dtype": spec.model.dtype, "k": k, "method": engine.method, "rows": len(rows),
                  "domains": [str(d) for d in domains], "build_s": engine.build_s, "run_s": took,
-                 "drafted": drafted, "accepted": accepted}
+                 "drafted": drafted, "accepted": accepted,
+                 "by_drafter": by_drafter(out, spec.speculative.drafters) if k else None}
             )  # fmt: skip
             drafts = f", {accepted} of {drafted} drafts accepted" if k else ""
             self.echo(
@@ -181,6 +192,17 @@ class _Runner:
             return out
         finally:
             engine.close()
+
+
+def by_drafter(out: list[RowResult], drafters: list[str] | None) -> dict[str, int] | None:
+    """Draft tokens accepted per drafter of ``run_rows``'s rows (dealt out in turn); None
+    without ``speculative.drafters``."""
+    if not drafters:
+        return None
+    got = dict.fromkeys(drafters, 0)
+    for i, r in enumerate(out):
+        got[drafters[i % len(drafters)]] += r.spec.accepted if r.spec else 0
+    return got
 
 
 def _with(spec: JobSpec, section: str, **values: Any) -> JobSpec:
