@@ -84,6 +84,7 @@ LONGEST_FIRST = [
     "test_tree_engine.py",
     "test_observe_run.py",
     "test_orphans.py",
+    "test_seeding_run.py",
 ]
 """The files that start engines, longest first (as measured): parallel workers take files in
 collection order, and a long file taken last would leave the other worker idle. Order only."""
