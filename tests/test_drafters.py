@@ -15,6 +15,7 @@ from batchspec.speculation.drafters import DrafterChoice, part_of
 from batchspec.speculation.estimator import Observation
 
 BATCH = 8
+FIRST = {"ngram_first": True}
 GRID = [0, 2, 4]
 
 
@@ -127,6 +128,10 @@ def test_an_observation_is_split_by_drafter() -> None:
         ),
         ({"engine": "tree", "drafters": ["ngram", "eagle3"]}, "eagle3 needs speculative.model"),
         ({"engine": "tree", "drafters": ["ngram", "mtp"]}, "drafters"),
+        (
+            {"engine": "tree", "drafters": ["ngram", "eagle3"], "model": "/m", "tree": FIRST},
+            r"eagle3\+ngram \(n-gram trees first\) instead of tree.ngram_first",
+        ),
     ],
 )
 def test_the_spec_key_is_refused_where_no_choice_can_be_made(
@@ -137,7 +142,7 @@ def test_the_spec_key_is_refused_where_no_choice_can_be_made(
 
 
 def test_a_model_drafters_keys_serve_it_beside_the_ngram_method() -> None:
-    tree = {"draft_layers": [0, 1], "ngram_first": True}
-    spec = {"engine": "tree", "drafters": ["ngram", "suffix", "draft_model"], "tree": tree}
+    drafters = ["ngram", "suffix", "draft_model", "draft_model+ngram"]
+    spec = {"engine": "tree", "drafters": drafters, "tree": {"draft_layers": [0, 1]}}
     s = JobSpec.model_validate(job_dict(Path("o"), speculative=spec)).speculative
-    assert s.method == "ngram" and s.drafters == ["ngram", "suffix", "draft_model"]
+    assert s.method == "ngram" and s.drafters == drafters

@@ -2,7 +2,8 @@
 units drafting with n-gram trees, suffix trees and a draft model decode together in one batch,
 each with its own drafter, and stay plain decoding's tokens; each unit records its drafter,
 each row's counts are its own drafter's replayed; a prompt is copied only from a twin of the
-same drafter. Small in-process models of ``test_tree_loop`` (a second or two)."""
+same drafter; a draft model with and without n-gram trees first is one model. Small
+in-process models of ``test_tree_loop`` (a few seconds)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 MULTI = {
     "method": "ngram",
-    "drafters": ["ngram", "suffix", "draft_model"],
+    "drafters": ["ngram", "suffix", "draft_model", "draft_model+ngram"],
     "num_speculative_tokens": 4,
     "tree": {"max_depth": 3, "draft_layers": [0]},
 }
@@ -44,10 +45,12 @@ def test_units_with_different_drafters_decode_together_as_plain_decoding() -> No
     plain = by_row(run_units(engine(model, 0, MULTI, {7}), units(prompts, [(0, None)])))
     eng = engine(model, 4, MULTI, {7})
     assert isinstance(eng.drafter, DrafterSet) and eng.draft_costs is eng.drafter.costs
-    plans = [(4, "ngram"), (4, "suffix"), (4, "draft_model"), (0, "suffix")]
+    plans = [(4, "ngram"), (4, "suffix"), (4, "draft_model"), (4, "draft_model+ngram")]
+    plans.append((0, "suffix"))
     done = run_units(eng, units(prompts, plans))
     assert [(d.k, d.method) for d in done] == [
-        (4, "ngram-tree"), (4, "suffix-tree"), (4, "draft_model-tree"), (0, "none")
+        (4, "ngram-tree"), (4, "suffix-tree"), (4, "draft_model-tree"),
+        (4, "draft_model+ngram-tree"), (0, "none"),
     ]  # fmt: skip
     got = by_row(done)
     assert {i: r.token_ids for i, r in got.items()} == {i: r.token_ids for i, r in plain.items()}
@@ -60,7 +63,9 @@ def test_units_with_different_drafters_decode_together_as_plain_decoding() -> No
         assert counts(r)[1:] == (tuple(again.depth), tuple(again.accepted))
     assert sum(r.spec.accepted for r in got.values() if r.spec) > 0
     measured = eng.draft_costs.summary()
-    assert set(measured) == {"ngram", "suffix", "draft_model"}
+    assert set(measured) == {"ngram", "suffix", "draft_model", "draft_model+ngram"}
+    loaded = eng.drafter.drafters  # the draft model loaded once, for both of its entries
+    assert loaded["draft_model+ngram"].model is loaded["draft_model"]  # type: ignore[attr-defined]
     assert measured["draft_model"] > measured["ngram"]  # a forward per depth, against a trie
 
 

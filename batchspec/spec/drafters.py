@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-TreeDrafter = Literal["ngram", "suffix", "draft_model", "eagle3"]
-"""A drafter the tree engine can load beside others."""
+TreeDrafter = Literal[
+    "ngram", "suffix", "draft_model", "eagle3", "draft_model+ngram", "eagle3+ngram"
+]
+"""A drafter the tree engine can load beside others; ``+ngram``: the model drafter's trees
+only where the row's n-grams have none (``tree.ngram_first`` as a drafter of its own)."""
 MODEL_FREE: Final = ("ngram", "suffix")
 """Drafters with no model: replayed exactly on finished rows (``speculation/replay.py``)."""
 MODEL_DRAFTERS: Final = ("draft_model", "eagle3")
 """Drafters with a model (``speculative.model``, or the target's ``tree.draft_layers``): one
-at most, since the spec names one model; priced from their own measured units."""
+at most, since the spec names one model (alone, and with n-gram trees first, ``+ngram``: the
+model loaded once); priced from their own measured units."""
 
 
 def check_drafters(s: Any) -> Any:
@@ -44,7 +48,12 @@ def check_drafters(s: Any) -> Any:
             f"speculative.method {s.method} (where each domain starts) must be one of "
             f"speculative.drafters {drafters}"
         )
-    models = [d for d in drafters if d in MODEL_DRAFTERS]
+    if s.tree.ngram_first:
+        raise ValueError(
+            "speculative.drafters: list draft_model+ngram or eagle3+ngram (n-gram trees first) "
+            "instead of tree.ngram_first"
+        )
+    models = sorted({d.partition("+")[0] for d in drafters} & set(MODEL_DRAFTERS))
     if len(models) > 1:
         raise ValueError(
             f"speculative.drafters: {' and '.join(models)} both need speculative.model; "

@@ -105,9 +105,10 @@ class SpeculativeSpec(_Section):
         description="the tree engine's drafters the K controller chooses among per domain, "
         "each with its K (K=0 included), e.g. `[ngram, suffix]`: one engine loads them all "
         "and each unit drafts with its domain's choice, priced from replayed tokens per step "
-        "(`ngram`, `suffix`) or measured acceptance (`draft_model`, `eagle3`: one at most) and "
-        "the profiled step plus each drafter's measured drafting time; `method` is where each "
-        "domain starts; needs `engine: tree` and `adaptive` (see *Choosing K*)",
+        "(`ngram`, `suffix`) or measured acceptance (`draft_model`, `eagle3`: one model at "
+        "most, alone and/or with n-gram trees first as `eagle3+ngram`) and the profiled step "
+        "plus each drafter's measured drafting time; `method` is where each domain starts; "
+        "needs `engine: tree` and `adaptive` (see *Choosing K*)",
         json_schema_extra=_shown("`method` alone"),
     )
     engine: EngineChoice = Field(

@@ -125,7 +125,7 @@ class TreeSpec(TreeShape):
         (``suffix``), a draft model (``model``, else the target's own ``draft_layers``) or an
         EAGLE-3 head (``model``, ``batchspec distill``); other methods run on vLLM. The model
         keys may serve a model drafter among ``drafters`` (``speculative.drafters``)."""
-        methods = {method, *(drafters or [])}
+        methods = {m.partition("+")[0] for m in (method, *(drafters or []))}
         if method not in ("ngram", "suffix", "draft_model", "eagle3", "none"):
             raise ValueError(
                 f"tree: the tree engine drafts with ngram, suffix, draft_model or eagle3; method "

@@ -85,31 +85,42 @@ def max_k(spec: JobSpec, k: int) -> int:
 def open_drafter(spec: JobSpec, k: int, target: TreeModel) -> Drafter | None:
     """The job's drafter (``drafting.Drafter``) on the target's device; None at K=0. With
     ``speculative.drafters``, all of them in one ``multi.DrafterSet`` (sharing one n-gram
-    drafter's per-slot tries), each unit's rows drafting with the unit's."""
+    drafter's per-slot tries, and one model between its plain and n-gram-first entries),
+    each unit's rows drafting with the unit's."""
     if k <= 0:
         return None
     s = spec.speculative
     ngram = NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
+    models: dict[str, Drafter] = {}
     if s.drafters is None:
-        return _drafter(spec, s.method, k, target, ngram)
-    return drafter_set({d: _drafter(spec, d, k, target, ngram) for d in s.drafters})
+        hybrid = s.tree is not None and s.tree.ngram_first
+        return _drafter(spec, s.method + ("+ngram" if hybrid else ""), k, target, ngram, models)
+    return drafter_set({d: _drafter(spec, d, k, target, ngram, models) for d in s.drafters})
 
 
-def _drafter(spec: JobSpec, method: str, k: int, target: TreeModel, ngram: NgramDrafter) -> Drafter:
-    """The job's drafter ``method``, over the shared ``ngram`` drafter."""
+def _drafter(
+    spec: JobSpec,
+    name: str,
+    k: int,
+    target: TreeModel,
+    ngram: NgramDrafter,
+    models: dict[str, Drafter],
+) -> Drafter:
+    """The drafter ``name`` (a method; ``+ngram``: n-gram trees first, ``hybrid.NgramFirst``)
+    over the shared ``ngram`` drafter and the model drafters of ``models`` (loaded once)."""
     s = spec.speculative
     tree = s.tree
     depth = max([tree.depth(), *(t.depth() for t in tree.per_domain.values())]) if tree else 1
     scratch = growth_scratch(k, depth)  # behind the longest row the target may hold
-    if method == "draft_model":
-        model = open_model_drafter(spec, target, target.max_len + scratch)
-    elif method == "eagle3":
-        model = open_eagle_drafter(spec, target, target.max_len + scratch)
-    elif method == "suffix":
+    method, _, first = name.partition("+")
+    if method == "suffix":
         return SuffixDrafter(ngram, s.suffix)
-    else:
+    if method not in ("draft_model", "eagle3"):
         return ngram
-    return NgramFirst(ngram, model) if tree is not None and tree.ngram_first else model
+    if method not in models:
+        opener = open_model_drafter if method == "draft_model" else open_eagle_drafter
+        models[method] = opener(spec, target, target.max_len + scratch)
+    return NgramFirst(ngram, models[method]) if first == "ngram" else models[method]
 
 
 def bind_cpus() -> None:

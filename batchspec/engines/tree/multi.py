@@ -32,11 +32,11 @@ MIN_STEPS = 20
 def recorded_method(s: Any, k: int, drafter: str | None = None) -> str:
     """A unit's ``spec_method`` at K = ``k`` with ``drafter`` (``s``: the speculative section;
     default: its method): ``none`` at K=0, else e.g. ``suffix-tree`` or ``eagle3+ngram-tree``
-    (``tree.ngram_first``, a model drafter's)."""
-    drafter = drafter or s.method
-    model = drafter in ("draft_model", "eagle3")
-    hybrid = "+ngram" if model and s.tree is not None and s.tree.ngram_first else ""
-    return "none" if k == 0 else f"{drafter}{hybrid}-tree"
+    (n-gram trees first: ``tree.ngram_first``, or the drafter ``eagle3+ngram``)."""
+    if drafter is None:  # the job's method, n-gram first under ``tree.ngram_first``
+        hybrid = s.tree is not None and s.tree.ngram_first
+        drafter = s.method + ("+ngram" if hybrid else "")
+    return "none" if k == 0 else f"{drafter}-tree"
 
 
 class DraftCosts:
