@@ -4,6 +4,7 @@ measured drafting time, a model drafter's own measured acceptance; and the spec 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,44 @@ def test_a_model_drafters_keys_serve_it_beside_the_ngram_method() -> None:
     spec = {"engine": "tree", "drafters": drafters, "tree": {"draft_layers": [0, 1]}}
     s = JobSpec.model_validate(job_dict(Path("o"), speculative=spec)).speculative
     assert s.method == "ngram" and s.drafters == drafters
+
+
+def test_the_policy_and_scheduler_give_each_unit_its_domains_drafter(tmp_path: Path) -> None:
+    """A tree engine with several drafters (a profile and measured drafting, doubles): the
+    K policy decides a drafter per domain beside its K, and the scheduler hands each unit
+    both (``unit_k``, ``unit_drafter``: what ``UnitKFeed`` puts on the unit's requests)."""
+    from conftest import write_job
+
+    from batchspec.io.layout import OutDir
+    from batchspec.spec.file import load_spec
+    from batchspec.speculation.policy import KPolicy
+    from batchspec.units import WorkUnit
+    from batchspec.work.scheduler import Scheduler
+
+    speculative = {"engine": "tree", "drafters": ["ngram", "suffix"], "k_grid": GRID}
+    job = job_dict(tmp_path / "out", speculative=speculative)
+    policy = KPolicy(
+        load_spec(write_job(tmp_path / "job.yaml", job)), OutDir(tmp_path / "out"), "w"
+    )
+    drafting = {"ngram": 1e-5, "suffix": 3e-5}  # measured per row and step (a double: no torch)
+    costs = type("Costs", (), {"per_row": lambda self, d: drafting.get(d),
+                               "summary": lambda self: drafting})()  # fmt: skip
+    profile = type("Profile", (), {"seconds": lambda self, b, k: step(k)})()
+    policy.engine_up(type("Tree", (), {"k_per_unit": True, "step_profile": profile,
+                                       "draft_costs": costs})())  # fmt: skip
+    policy.observe(
+        ob("json", 4, "ngram", replays=replays(1000, ngram=(200, 250), suffix=(400, 500)))
+    )
+    policy.observe(ob("chat", 4, "ngram", replays=replays(1000, ngram=(10, 12), suffix=(15, 18))))
+    decision = policy.decide({"json": 10, "chat": 10}, 4)
+    assert decision.plan == {"json": 2, "chat": 0}
+    assert decision.drafters == {"json": "suffix", "chat": "ngram"}
+    units = [WorkUnit(0, "x", i, i + 1, d, 1) for i, d in enumerate(["chat", "json"])]
+    sched = Scheduler(units, policy)
+    _, first = sched.next_engine(4)
+    second = sched.next_unit(4)
+    assert [(sched.unit_k(u), sched.unit_drafter(u)) for u in (first, second)] == [
+        (0, "ngram"), (2, "suffix")
+    ]  # fmt: skip
+    steps = json.loads((tmp_path / "out" / "stats" / "steps-w.json").read_text())
+    assert steps["drafting"] == {"ngram": pytest.approx(1e-5), "suffix": pytest.approx(3e-5)}

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from batchspec.spec import SpeculativeSpec
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
 
@@ -76,6 +77,14 @@ class DrafterChoice:
         self.method, self.batch = method, batch
         self.ctls = {d: Controller(batch, k_grid, default_k, fixed=fixed) for d in drafters}
         self.grid = np.array(self.ctls[method].k_grid)
+
+    @classmethod
+    def for_spec(cls, s: SpeculativeSpec, batch: int) -> DrafterChoice | None:
+        """The choice among the speculative section's ``drafters`` at ``batch``; None
+        without them."""
+        if s.drafters is None:
+            return None
+        return cls(s.drafters, s.method, batch, s.k_grid, s.num_speculative_tokens, s.fixed_k)
 
     def add(self, ob: Observation) -> None:
         for drafter, ctl in self.ctls.items():

@@ -70,11 +70,8 @@ class KPolicy:
         self.ctl = Controller(
             spec.model.max_num_seqs, s.k_grid, s.num_speculative_tokens, fixed=s.fixed_k
         )
-        self.drafters = None
+        self.drafters = DrafterChoice.for_spec(s, self.ctl.batch) if self.adaptive else None
         """With ``speculative.drafters``: the drafter and K per domain (``drafters``)."""
-        if s.drafters is not None and self.adaptive:
-            args = (s.method, self.ctl.batch, s.k_grid, s.num_speculative_tokens, s.fixed_k)
-            self.drafters = DrafterChoice(s.drafters, *args)
         self.draft_costs: object = None
         """The engine's measured drafting seconds per drafter (``multi.DraftCosts``)."""
         self.shared = SharedStats(out, worker)
