@@ -1,22 +1,12 @@
 """A distilled EAGLE-3 head against n-gram trees, the self-draft and plain decoding (issue 23's
-D1 and D2). Embedded model, float32, greedy, CPU, the tree engine.
+D1 and D2), on the held-out rows of a job's output (``batchspec distill`` trained on the rest).
+Embedded model, float32, greedy, CPU, the tree engine; docs/distill.md has the figures.
 
-Rows: the committed rows of a job's output directory; the head (``batchspec distill``) is
-trained on some and measured on the rows it never saw (its held-out fraction, same domains).
+- D1: tokens per verify step and per target forward, per domain, at 4 and 8 nodes, replayed
+  (``tree_lib.Tally``) for the head, n-gram trees, n-gram first, and the self-draft;
+- D2: tokens/s of the tree engine with each at each batch size, ABBA, rows checked identical
+  to plain; drafting and verifying timed apart; the head's forward beside the target's.
 
-- D1 acceptance: mean tokens per verify step (accepted + 1) per domain on the held-out rows,
-  at 4 and 8 nodes (dynamic trees up to ``--depth`` deep), of the head, of n-gram trees and of
-  the self-draft (the target without ``--skip`` layers; ``--self-rows`` rows per domain, it is
-  slow). Replayed: each drafter driven over the row as the engine drives it (exact for
-  greedy rows: the target's choices are the row's own tokens).
-- D2 throughput: the tree engine with the head, with n-gram trees and plain (K=0) on the
-  held-out prompts at each batch size, in the order plain, n-gram, head, head, n-gram, plain
-  (ABBA: the machine's drift cancels in the ratios); every row checked identical to plain;
-  the head engine's step split into drafting and verifying, and the head's forward per depth
-  beside the target's one-row forward.
-
-    .venv/bin/batchspec run jobs/synth_tree.yaml --output /tmp/d23/out
-    .venv/bin/batchspec distill jobs/synth_tree.yaml --output /tmp/d23/out
     .venv/bin/python scripts/bench/distill.py --output /tmp/d23/out --batches 1,8,16
 
 The last line: ``head: mean tokens per verify step X at 8 nodes (n-gram trees Y), tree engine
@@ -26,30 +16,25 @@ with head / plain: Z at batch 1``.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-ROOT = Path(__file__).resolve().parents[2]
+import torch
+from harness import ROOT, abba, header, ints
+from tree_lib import Run, Sample, Tally, committed, per_step, run, variant
 
-import torch  # noqa: E402
-from harness import abba, header  # noqa: E402
-from tree_lib import Run, Sample, per_step, run, variant  # noqa: E402
-
-from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch  # noqa: E402
-from batchspec.engines.tree.drafting import Drafter, replay  # noqa: E402
-from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures  # noqa: E402
-from batchspec.engines.tree.eagle_head import TappedModel, load_head  # noqa: E402
-from batchspec.engines.tree.hybrid import NgramFirst  # noqa: E402
-from batchspec.engines.tree.ngram import NgramDrafter  # noqa: E402
-from batchspec.io.layout import OutDir  # noqa: E402
-from batchspec.measure.distill import load_target, split  # noqa: E402
-from batchspec.measure.distill_data import Row, committed_rows  # noqa: E402
-from batchspec.spec.file import load_spec  # noqa: E402
-from batchspec.spec.tree import TreeShape  # noqa: E402
-from batchspec.units import RowRequest, WorkUnit  # noqa: E402
+from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch
+from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures
+from batchspec.engines.tree.eagle_head import TappedModel, load_head
+from batchspec.engines.tree.hybrid import NgramFirst
+from batchspec.engines.tree.ngram import NgramDrafter
+from batchspec.measure.distill import load_target
+from batchspec.measure.distill_data import Row
+from batchspec.spec.file import load_spec
+from batchspec.spec.tree import TreeShape
+from batchspec.units import RowRequest, WorkUnit
 
 
 def parse() -> argparse.Namespace:
@@ -69,77 +54,63 @@ def parse() -> argparse.Namespace:
 
 
 def overrides(a: argparse.Namespace) -> list[str]:
-    """The job as benchmarked: its n-gram bounds (``--lookup``), max_tokens, output last."""
+    """The job as benchmarked: its n-gram bounds (``--lookup``) and max_tokens."""
     lo, hi = a.lookup.split(",")
     return [
         f"speculative.prompt_lookup_min={lo}",
         f"speculative.prompt_lookup_max={hi}",
         f"sampling.max_tokens={a.max_tokens}",
-        f"output.dir={a.output}",
     ]
 
 
-def d1(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int, dict]:
-    """Tokens per verify step per domain and node count, for each drafter."""
+def d1(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int, Tally]:
+    """Each drafter replayed over the held-out rows (``Tally``), per node count."""
     target = load_target(spec)
-    layers = target.cfg.num_hidden_layers
-    keep = [i for i in range(layers) if i not in {int(x) for x in a.skip.split(",") if x}]
+    keep = [i for i in range(target.cfg.num_hidden_layers) if i not in ints(a.skip)]
     head = load_head(head_dir, target)
     tapped = TappedModel.of(target, head.cfg.aux_layers)
-    shape = TreeShape(max_depth=a.depth)
-    out: dict[int, dict] = {}
+    shape, out = TreeShape(max_depth=a.depth), {}
+    lookup = (spec.speculative.prompt_lookup_min, spec.speculative.prompt_lookup_max)
     for k in (4, 8):
-        sums: dict[tuple[str, str], list[int]] = {}
-        seen: dict[str, int] = {}
-        scratch = growth_scratch(k, a.depth)  # the nodes a tree's growth feeds behind a row
-        lookup = (spec.speculative.prompt_lookup_min, spec.speculative.prompt_lookup_max)
+        out[k], seen = Tally(), Counter()
+        room = growth_scratch(k, a.depth)  # the nodes a tree's growth feeds behind a row
         for r in held:
-            dom = str(r.domain)
-            seen[dom] = seen.get(dom, 0) + 1
             tapped.prefill(0, r.tokens)
             feats = tapped.take(0)
             tapped.release(0)
-            room = len(r.tokens) + scratch
-            drafters: dict[str, Drafter] = {
-                "head": EagleDrafter(head, StoredFeatures(feats), 1, room),
-                "ngram": NgramDrafter(*lookup),
-                "hybrid": NgramFirst(
-                    NgramDrafter(*lookup), EagleDrafter(head, StoredFeatures(feats), 1, room)
-                ),
-            }
-            if seen[dom] <= a.self_rows:
-                draft = target.layers_only(keep, 1, len(r.tokens) + scratch)
+            size = len(r.tokens) + room
+            heads = [EagleDrafter(head, StoredFeatures(feats), 1, size) for _ in range(2)]
+            hybrid = NgramFirst(NgramDrafter(*lookup), heads[1])
+            drafters = {"head": heads[0], "ngram": NgramDrafter(*lookup), "hybrid": hybrid}
+            seen[r.domain] += 1
+            if seen[r.domain] <= a.self_rows:
+                draft = target.layers_only(keep, 1, size)
                 drafters["self"] = ModelDrafter(draft, target.vocab_size)
             for name, drafter in drafters.items():
-                got = replay(drafter, r.prompt, r.output, k, shape, len(r.output) + 1)
-                emitted, steps = sum(got.accepted) + len(got.accepted), len(got.accepted)
-                plain = len(r.output) - 1 - emitted  # steps that drafted nothing: plain ones
-                s = sums.setdefault((dom, name), [0, 0, 0, 0])
-                for i, v in enumerate((emitted, steps, len(r.output) - 1, steps + plain)):
-                    s[i] += v
-        out[k] = {key: v[0] / v[1] if v[1] else float("nan") for key, v in sums.items()}
-        out[-k] = {key: v[2] / v[3] if v[3] else float("nan") for key, v in sums.items()}
+                out[k].add(name, drafter, r, k, shape)
     return out
 
 
-def print_d1(both: dict[int, dict]) -> dict[int, dict[str, float]]:
+def print_d1(tallies: dict[int, Tally]) -> dict[str, float]:
     """Per verify step that drafted (the issue's D1), then per target forward (every step:
-    one that drafts nothing is a plain step, which flatters a drafter that often has none
-    in the first table, as n-gram trees do); returns the first's means per K."""
-    doms = sorted({d for v in both.values() for d, _ in v})
-    titles = {1: "tokens per verify step", -1: "tokens per target forward (every step)"}
-    means = {}
-    for sign, title in titles.items():
-        res = {k: v for k, v in both.items() if k * sign > 0}
-        print(f"\nD1: {title} on held-out rows (replayed)")
-        print(f"{'domain':<13}" + "".join(f"{f'{n}@{abs(k)}':>10}" for k in res for n in DRAFTS))
-        for d in doms:
-            cells = [res[k].get((d, n), float("nan")) for k in res for n in DRAFTS]
+    one that drafts nothing is a plain step, which flatters a drafter that often has none in
+    the first table, as n-gram trees do); each domain weighs the same in the mean. Returns
+    the first table's means at 8 nodes."""
+    doms = sorted({d for t in tallies.values() for d, _ in t.sums if d != "all"})
+    for title, of in (
+        ("verify step", Tally.per_step),
+        ("target forward (every step)", Tally.per_forward),
+    ):
+        print(f"\nD1: tokens per {title} on held-out rows (replayed)")
+        print(f"{'domain':<13}" + "".join(f"{f'{n}@{k}':>10}" for k in tallies for n in DRAFTS))
+        for d in [*doms, "mean"]:
+            cells = [
+                mean([of(t, x, n) for x in doms]) if d == "mean" else of(t, d, n)
+                for t in tallies.values()
+                for n in DRAFTS
+            ]
             print(f"{d:<13}" + "".join(f"{c:>10.2f}" for c in cells))
-        got = {k: {n: mean([v.get((d, n)) for d in doms]) for n in DRAFTS} for k, v in res.items()}
-        print(f"{'mean':<13}" + "".join(f"{got[k][n]:>10.2f}" for k in res for n in DRAFTS))
-        means[sign] = {abs(k): v for k, v in got.items()}
-    return means[1]
+    return {n: mean([tallies[8].per_step(x, n) for x in doms]) for n in DRAFTS}
 
 
 DRAFTS = ("head", "ngram", "hybrid", "self")
@@ -191,10 +162,10 @@ def d2(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
     reqs = [RowRequest(i, r.row_id, r.domain, {}, r.prompt) for i, r in enumerate(rows)]
     smp = Sample(WorkUnit(0, "held-out", 0, len(reqs), None, len(reqs)), reqs, [])
     ratios = {}
-    for batch in [int(b) for b in a.batches.split(",")]:
+    for batch in ints(a.batches):
         tree = {"max_depth": a.depth}
         plain_s = variant(spec, batch, tree)
-        ngram_s = variant(load_spec(a.job, overrides(a)[:-1]), batch, tree)
+        ngram_s = variant(load_spec(a.job, overrides(a)), batch, tree)
         head_upd = {"method": "eagle3", "model": str(head_dir)}
         head_s = plain_s.model_copy(
             update={"speculative": plain_s.speculative.model_copy(update=head_upd)}
@@ -270,16 +241,14 @@ def per_depth(head_dir: Path, spec) -> None:
 def main() -> None:
     a = parse()
     header()
-    spec = load_spec(a.job, overrides(a))
+    spec, rows, held = committed(a.job, a.output, a.holdout, overrides(a))
     head_dir = Path(a.head or Path(a.output) / "drafts" / "eagle3")
-    rows, _ = committed_rows(spec, OutDir(spec.output_dir), None)
-    _, held = split(rows, a.holdout)
     print(f"{len(held)} held-out rows of {len(rows)}; head {head_dir}", flush=True)
     means = print_d1(d1(a, held, head_dir, spec))
     per_depth(head_dir, spec)
     ratios = d2(a, held, head_dir, spec)
     z = ratios.get(1, float("nan"))
-    x, y = means[8]["head"], means[8]["ngram"]
+    x, y = means["head"], means["ngram"]
     print(f"head: mean tokens per verify step {x:.2f} at 8 nodes (n-gram trees {y:.2f}), "
           f"tree engine with head / plain: {z:.2f} at batch 1 (n-gram first: "
           f"{ratios.get(-1, float('nan')):.2f})")  # fmt: skip

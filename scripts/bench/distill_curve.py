@@ -22,7 +22,7 @@ import math
 import statistics
 from pathlib import Path
 
-from harness import ROOT, cli, header
+from harness import JOBS, cli, header, ints, options, parser
 
 
 def distill(args: argparse.Namespace, rows: int) -> dict:
@@ -42,16 +42,13 @@ def mean_steps(record: dict, nodes: str, who: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_data.yaml"))
+    # --train-rows: the sizes; --rows-per-job: the size of the extrapolation's job.
+    ap = parser(__doc__, job=str(JOBS / "synth_data.yaml"), train_rows="40,80,160,320", epochs=6)
+    options(ap, vocab=4096, rows_per_job=100_000)
     ap.add_argument("--output", type=Path, required=True, help="the job's output directory")
-    ap.add_argument("--train-rows", default="40,80,160,320", help="comma list of sizes")
-    ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--rows-per-job", type=int, default=100_000, help="the extrapolation's job")
     args = ap.parse_args()
     header()
-    sizes = [int(n) for n in args.train_rows.split(",")]
+    sizes = ints(args.train_rows)
     cols = (
         "train rows | train tokens | wall s | loss | top-1 d1 | head@4 | ngram@4 | head@8 | ngram@8"
     )

@@ -18,10 +18,9 @@ The last line: ``suffix: X tokens per target forward at K=4 (n-gram trees Y), Z 
 
 from __future__ import annotations
 
-import argparse
 import tracemalloc
 
-from harness import ROOT
+from harness import JOBS, ints, parser
 from tree_lib import Tally, committed
 
 from batchspec.engines.tree.ngram import NgramDrafter
@@ -68,11 +67,9 @@ def state_per_million(rows: list) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_tree.yaml"))
+    # --holdout: the held-out share, by row id; --ks: the node budgets replayed.
+    ap = parser(__doc__, job=str(JOBS / "synth_tree.yaml"), holdout=0.1, ks="4,8")
     ap.add_argument("--output", required=True, help="the job's output directory")
-    ap.add_argument("--holdout", type=float, default=0.1, help="held-out share, by row id")
-    ap.add_argument("--ks", default="4,8", help="node budgets replayed")
     a = ap.parse_args()
     spec, rows, held_rows = committed(a.job, a.output, a.holdout)
     rows.sort(key=lambda r: (str(r.domain), str(r.row_id)))
@@ -82,7 +79,7 @@ def main() -> None:
     domains = sorted({str(r.domain) for r in rows})
     print(f"{len(rows)} rows ({len(held)} held out), {len(domains)} domains, lookup {lookup}")
     last = {}
-    for k in [int(x) for x in a.ks.split(",")]:
+    for k in ints(a.ks):
         for order, lag in ORDERS.items():
             tally = run_order(rows, held, k, s.tree, lookup, lag)
             print(f"\nK={k}, {order}: tokens per target forward (every step)")
