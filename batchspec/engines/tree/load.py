@@ -61,6 +61,8 @@ def load_target(spec: JobSpec, k: int) -> Target:
     dtype = DTYPES.get(m.dtype, torch.float32 if device == "cpu" else torch.bfloat16)
     max_model_len = m.max_model_len or int(config.get("max_position_embeddings", 2048))
     model = TreeModel.load(model_dir, dtype, device, m.max_num_seqs, max_model_len + k + 1)
+    if m.enforce_eager:  # no graph capture, as on vLLM: CUDA graphs off (graphs.py)
+        model.graphs = None
     if m.max_num_seqs == 1:  # every step one row: compiled (TreeModel.one_row)
         model.use_one_row_kernel()
     tok_dir = (
