@@ -17,7 +17,7 @@ from test_replay import tree_replayer
 from test_tree_loop import SUFFIX, counts, cycle_model, engine, random_prompts, run, same_rows
 
 from batchspec.io.layout import OutDir
-from batchspec.io.recent import recent_outputs
+from batchspec.io.recent import parts_by_unit, recent_outputs
 from batchspec.spec import JobSpec
 from batchspec.units import UnitRequests, WorkUnit
 from batchspec.work.seeding import Seeding
@@ -38,20 +38,26 @@ def commit(out: OutDir, unit_id: str, rows: list[tuple[str | None, int | None]],
     os.utime(out.part(unit_id), (1e9 - age, 1e9 - age))
 
 
+def parts_of(out: OutDir, *unit_ids: str) -> list[Path]:
+    parts = parts_by_unit(out)
+    return [parts[u] for u in unit_ids]
+
+
 def test_the_newest_outputs_within_the_budget_oldest_first(tmp_path: Path) -> None:
     out = OutDir(tmp_path)
     commit(out, "u1", [("a", 3), ("b", 3)], age=30)
     commit(out, "u2", [("c", 3), (None, None), ("d", 3)], age=20)  # an error row
     commit(out, "u3", [("e", 3), ("f", 3)], age=10)
     commit(out, "other", [("x", 3)], age=0)  # another domain's unit: never read
-    found = recent_outputs(out, {"u1", "u2", "u3"}, max_tokens=13)
+    assert set(parts_by_unit(out)) == {"u1", "u2", "u3", "other"}
+    found = recent_outputs(parts_of(out, "u3", "u1", "u2"), max_tokens=13)
     # 4 positions a row (3 tokens and a separator): f, e, d fit; c does not.
     assert found.texts == ["d", "e", "f"]
     assert (found.tokens, found.parts_read, found.parts_seen) == (9, 2, 3)
-    everything = recent_outputs(out, {"u1", "u2", "u3"}, max_tokens=1000)
+    everything = recent_outputs(parts_of(out, "u1", "u2", "u3"), max_tokens=1000)
     assert everything.texts == ["a", "b", "c", "d", "e", "f"]
-    assert recent_outputs(out, {"u1"}, max_tokens=3).texts == []  # not one row fits
-    assert recent_outputs(out, set(), max_tokens=1000).parts_read == 0
+    assert recent_outputs(parts_of(out, "u1"), max_tokens=3).texts == []  # not one row fits
+    assert recent_outputs([], max_tokens=1000).parts_read == 0
 
 
 def test_a_part_is_read_for_two_columns_only(tmp_path: Path, monkeypatch) -> None:
@@ -62,7 +68,7 @@ def test_a_part_is_read_for_two_columns_only(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setattr(
         pq, "read_table", lambda p, columns: asked.append(columns) or real(p, columns=columns)
     )
-    recent_outputs(out, {"u1"}, max_tokens=100)
+    recent_outputs(parts_of(out, "u1"), max_tokens=100)
     assert asked == [["generated_text", "num_output_tokens"]]
 
 
@@ -90,10 +96,10 @@ def tokenize(texts: list[str], add_special_tokens: bool) -> dict[str, list[list[
     return {"input_ids": [[ord(c) for c in t] for t in texts]}
 
 
-def seeding_of(tmp_path: Path, read_committed: bool = True) -> tuple[Seeding, list[WorkUnit]]:
+def seeding_of(tmp_path: Path, read_tokens: int = 100) -> tuple[Seeding, list[WorkUnit]]:
     units = [WorkUnit(0, "in", i, i + 1, d, 1, domain_index=j) for i, (j, d) in
              enumerate([(0, "a"), (0, "a"), (1, "b")])]  # fmt: skip
-    suffix = {"max_tokens": 100, "read_committed": read_committed}
+    suffix = {"max_tokens": 100, "read_tokens": read_tokens}
     job = job_dict(tmp_path, speculative={"method": "suffix", "engine": "tree", "suffix": suffix})
     spec = JobSpec.model_validate(job)
     return Seeding(spec, units, tokenize, Replays()), units  # type: ignore[arg-type]
@@ -101,10 +107,13 @@ def seeding_of(tmp_path: Path, read_committed: bool = True) -> tuple[Seeding, li
 
 @pytest.mark.parametrize("read_committed", [True, False])
 def test_each_domain_is_read_once_per_engine_into_engine_and_replay(
-    tmp_path: Path, read_committed: bool
+    tmp_path: Path, read_committed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seeding, units = seeding_of(tmp_path, read_committed)
+    seeding, units = seeding_of(tmp_path, 100 if read_committed else 0)
     out = OutDir(tmp_path)
+    listings = []
+    real = OutDir.part_files
+    monkeypatch.setattr(OutDir, "part_files", lambda self: listings.append(1) or real(self))
     commit(out, units[0].unit_id, [("hi", 2), ("yo", 2)], age=5)
     commit(out, units[2].unit_id, [("b", 1)], age=5)
     eng = Learning()
@@ -115,9 +124,20 @@ def test_each_domain_is_read_once_per_engine_into_engine_and_replay(
     want = [("a", [[104, 105], [121, 111]]), ("b", [[98]])] if read_committed else []
     assert eng.learned == seeding.replays.learned == want  # type: ignore[attr-defined]
     assert seeding.since(mark)["seeded_tokens"] == (5 if read_committed else 0)
+    assert len(listings) == (1 if read_committed else 0)  # one listing for both domains
     seeding.engine_up(Learning())  # type: ignore[arg-type]
     seeding.before(UnitRequests(units[1]))  # a new engine: read again
     assert len(seeding.replays.learned) == (3 if read_committed else 0)  # type: ignore[attr-defined]
+    assert len(listings) == (2 if read_committed else 0)
+
+
+def test_a_domain_is_read_within_read_tokens_not_the_whole_index(tmp_path: Path) -> None:
+    seeding, units = seeding_of(tmp_path, read_tokens=3)  # one row of 2 tokens and its end
+    commit(OutDir(tmp_path), units[0].unit_id, [("hi", 2), ("yo", 2)], age=5)
+    eng = Learning()
+    seeding.engine_up(eng)  # type: ignore[arg-type]
+    seeding.before(UnitRequests(units[1]))
+    assert eng.learned == [("a", [[121, 111]])]  # the newest row only
 
 
 @pytest.mark.usefixtures("one_thread")  # matrices this small: one thread

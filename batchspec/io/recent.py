@@ -3,8 +3,9 @@
 Suffix drafts (``method: suffix`` on the tree engine) draft from a domain's earlier outputs. A
 resumed run, a second worker or a Slurm array task starts with an empty index, though the
 output directory may hold thousands of the domain's rows, so a worker reads the newest of them
-back (``work/seeding.py``). A job of ten million rows must not cost a read of its output: the
-budget (the index's capacity) bounds what is read, and only two columns of the parts needed.
+back (``work/seeding.py``). A job of ten million rows must not cost a read of its output: a
+token budget bounds what is read, only two columns of the parts are needed, and the output
+is listed once per engine, not once per domain.
 
 Parts carry text, not token ids (docs/output.md): the caller tokenizes what it gets.
 """
@@ -34,12 +35,15 @@ class RecentOutputs:
     """Committed parts of the units asked about (each stat'ed once to order them by age)."""
 
 
-def _newest_first(out: OutDir, unit_ids: Collection[str]) -> list[Path]:
-    """The units' committed parts, the most recently committed first (ties by name)."""
+def parts_by_unit(out: OutDir) -> dict[str, Path]:
+    """Every committed part of ``out`` by its unit id: one listing of the output."""
+    return {path.name[: -len(PART_SUFFIX)]: path for path in out.part_files()}
+
+
+def _newest_first(parts: Collection[Path]) -> list[Path]:
+    """These parts, the most recently committed first (ties by name)."""
     dated = []
-    for path in out.part_files():
-        if path.name[: -len(PART_SUFFIX)] not in unit_ids:
-            continue
+    for path in parts:
         try:
             dated.append((path.stat().st_mtime_ns, path.name, path))
         except FileNotFoundError:
@@ -48,15 +52,15 @@ def _newest_first(out: OutDir, unit_ids: Collection[str]) -> list[Path]:
     return [path for _, _, path in dated]
 
 
-def recent_outputs(out: OutDir, unit_ids: Collection[str], max_tokens: int) -> RecentOutputs:
-    """The newest rows with an output among ``unit_ids``' committed parts whose tokens, one
+def recent_outputs(parts: Collection[Path], max_tokens: int) -> RecentOutputs:
+    """The newest rows with an output among ``parts`` (committed parts) whose tokens, one
     position more each (the index's separator), fit ``max_tokens``: parts newest first, rows
     of a part from its last; reading stops at the first row that does not fit, so at most one
     part is read beyond what is kept."""
     import pyarrow.parquet as pq
 
     found = RecentOutputs()
-    paths = _newest_first(out, unit_ids)
+    paths = _newest_first(parts)
     found.parts_seen = len(paths)
     budget = max_tokens
     newest_first: list[str] = []

@@ -4,7 +4,7 @@ The tree engine's suffix drafts index each domain's finished outputs, but only t
 rows produced: after a resume or a restart, and on a second worker or Slurm array task, its
 index would start empty beside thousands of committed rows of the same domain. So when an
 engine meets a domain's first unit, the worker reads the newest of that domain's committed
-outputs (``io/recent.py``, at most the index's capacity, ``speculative.suffix.max_tokens``),
+outputs (``io/recent.py``, ``speculative.suffix.read_tokens`` within the index's capacity),
 tokenizes them with the job's tokenizer (the engine's: parts keep text only) and hands them
 to the engine (``base.LearnsOutputs``), oldest first, before the unit's rows start.
 
@@ -18,12 +18,13 @@ token is not in the text): that changes what the seeded rows propose, never a ro
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from batchspec.engines import Engine, UnitSource
 from batchspec.engines.base import LearnsOutputs
 from batchspec.io.layout import OutDir
-from batchspec.io.recent import recent_outputs
+from batchspec.io.recent import parts_by_unit, recent_outputs
 from batchspec.spec import JobSpec
 from batchspec.spec.suffix import SuffixSpec
 from batchspec.units import UnitRequests, WorkUnit
@@ -46,16 +47,20 @@ class Seeding:
         self.units: dict[str | None, set[str]] = {}
         for u in units:
             self.units.setdefault(u.domain, set()).add(u.unit_id)
+        self.budget = min(self.settings.read_tokens, self.settings.max_tokens)
         self.engine: LearnsOutputs | None = None
         self.seeded: set[str | None] = set()
+        self.parts: dict[str, Path] | None = None
+        """The committed parts by unit, listed once per engine (a listing of a 10M-row job's
+        output is ~40,000 names: once, not once per domain)."""
         self.rows = self.tokens = 0
         self.seconds = 0.0
 
     def engine_up(self, engine: Engine) -> None:
         """A new engine (its index empty): every domain is read again at its first unit."""
         learns = isinstance(engine, LearnsOutputs) and engine.learns_outputs
-        self.engine = engine if learns and self.settings.read_committed else None
-        self.seeded = set()
+        self.engine = engine if learns and self.budget > 0 else None
+        self.seeded, self.parts = set(), None
 
     def before(self, requests: UnitRequests | None) -> None:
         """Read the unit's domain into the engine unless done already for this engine."""
@@ -64,7 +69,10 @@ class Seeding:
         started = time.perf_counter()
         domain = requests.unit.domain
         self.seeded.add(domain)
-        found = recent_outputs(self.out, self.units.get(domain, set()), self.settings.max_tokens)
+        if self.parts is None:
+            self.parts = parts_by_unit(self.out)
+        units = self.units.get(domain, set())
+        found = recent_outputs([self.parts[u] for u in units if u in self.parts], self.budget)
         for i in range(0, len(found.texts), CHUNK_ROWS):
             chunk = found.texts[i : i + CHUNK_ROWS]
             ids = self.tokenizer(chunk, add_special_tokens=False)["input_ids"]
