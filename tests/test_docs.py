@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,9 +117,38 @@ def cited_paths(page: Path) -> Iterator[str]:
         yield from PATH_IN_BLOCK.findall(line)
 
 
+RETIRED = re.compile(r"git show ([0-9a-f]{7,40}):(scripts/[\w./-]+\.py)")
+"""A retired script, with the commit to take it from (docs/benchmarks.md, Retired benchmarks)."""
+
+
+@functools.cache
+def retired(page: Path = ROOT / "docs" / "benchmarks.md") -> dict[str, str]:
+    """The retired scripts a page says how to take from their commits: it may name them (their
+    transcripts); other pages, tests and job files may not."""
+    if page.suffix != ".md":
+        return {}
+    return {path: commit for commit, path in RETIRED.findall(page.read_text())}
+
+
+def test_retired_scripts_are_gone_and_at_their_commit() -> None:
+    here = sorted(p for p in retired() if (ROOT / p).exists())
+    assert not here, f"retired in docs/benchmarks.md but still in the tree: {here}"
+    if not shutil.which("git"):
+        pytest.skip("no git")
+
+    def has(obj: str) -> bool:
+        done = subprocess.run(["git", "cat-file", "-e", obj], cwd=ROOT, capture_output=True)
+        return done.returncode == 0
+
+    # A commit this clone lacks (shallow) is not checked; one it has must hold the script.
+    named = {x for page in PAGES for x in RETIRED.findall(page.read_text())}
+    absent = sorted(f"{c}:{p}" for c, p in named if has(f"{c}^{{commit}}") and not has(f"{c}:{p}"))
+    assert not absent, f"the docs' git show lines: no such script at that commit: {absent}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_cited_file_exists(page: Path) -> None:
-    missing = sorted({c for c in cited_paths(page) if not exists(c)})
+    missing = sorted({c for c in cited_paths(page) if not exists(c) and c not in retired(page)})
     assert not missing, f"{page.name} cites files that do not exist: {missing}"
 
 
@@ -167,7 +198,8 @@ SCRIPT_TEXTS = [*PAGES, *sorted((ROOT / "tests").rglob("*.py")), *sorted(ROOT.gl
 
 @pytest.mark.parametrize("text", SCRIPT_TEXTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_named_script_exists(text: Path) -> None:
-    missing = sorted({s for s in SCRIPT.findall(text.read_text()) if not (ROOT / s).is_file()})
+    found = SCRIPT.findall(text.read_text())
+    missing = sorted({s for s in found if not (ROOT / s).is_file() and s not in retired(text)})
     assert not missing, f"{text.name} names scripts that do not exist: {missing}"
 
 

@@ -15,7 +15,7 @@ would write the input a second time during the run (10M rows of ~1 KB prompts: ~
 ``parts/``, on the workers' time), and parts committed before would have none. The input is
 streamed (``iter_batches`` of ``INPUT_BATCH_ROWS``, column pages read through a small buffer):
 never a whole row group at once, whatever the input's row groups
-(``scripts/bench/outputs.py export`` measures it). The column is exported under its input
+(docs/benchmarks.md, Export: measured once). The column is exported under its input
 name, as the input holds it (a messages column as its list of structs): the chat template is
 the model's, not the dataset's.
 

@@ -1,8 +1,8 @@
 """What every benchmark does, in one place, so that each benchmark's file says only what it
 measures: the transcript header the docs quote, ABBA rounds over named configurations, ratios
 with their spread across rounds, a balanced sample of a job's rows, ``batchspec run`` on a job
-with ``--set`` overrides (in a subprocess, as a user runs it, or in this process for timing
-without a CLI start), and a measurement in a fresh process (for its own peak RSS).
+with ``--set`` overrides (in a subprocess, as a user runs it), and a measurement in a fresh
+process (for its own peak RSS).
 
 Benchmarks import it as ``from harness import ...``: Python puts a script's own folder first
 on ``sys.path``, so this works from any working directory. Importing it quiets vLLM's and
@@ -12,16 +12,14 @@ transformers' logs (a transcript is read by people) unless the environment says 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -103,12 +101,6 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def balanced(spec: Any, path: Path, per_domain: int | None = None, rows: int | None = None):
     """The first ``per_domain`` rows of every domain (or ``rows`` spread evenly over them) of
     the job's input, sorted by domain and id, written to ``path``; returns the frame."""
@@ -161,27 +153,6 @@ def run_cli(job: str | Path, out: Path, sets: list[str], limit: int | None = Non
     }
 
 
-def run_here(spec: Any, out: Path, batch: int | None = None, **speculative: Any) -> dict:
-    """The job through ``run_job`` in this process into ``out`` (``model.max_num_seqs`` and
-    ``speculative`` keys changed where given): generation seconds (engine start and shutdown
-    excluded, everything else counted), output tokens, tok/s and the committed rows."""
-    import polars as pl
-
-    from batchspec.work.worker import run_job
-
-    update: dict[str, Any] = {"output": spec.output.model_copy(update={"dir": str(out)})}
-    if batch is not None:
-        update["model"] = spec.model.model_copy(update={"max_num_seqs": batch})
-    if speculative:
-        update["speculative"] = spec.speculative.model_copy(update=speculative)
-    stats = run_job(spec.model_copy(update=update), progress=False)
-    seconds = stats.wall_s - stats.engine_build_s - stats.engine_close_s
-    rows = pl.read_parquet(out / "parts" / "*.parquet")
-    tokens = stats.output_tokens
-    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds, "rows": rows,
-            "engine_builds": stats.engine_builds}  # fmt: skip
-
-
 def fresh(fn: Callable[..., dict], *args: Any) -> dict:
     """``fn(*args)`` (a module-level function of a benchmark, JSON arguments and result) in a
     fresh interpreter, with that process's own peak RSS added as ``peak_mb``: VmHWM, since
@@ -201,31 +172,6 @@ def fresh(fn: Callable[..., dict], *args: Any) -> dict:
         raise SystemExit(f"{fn.__name__}{args}: exit {done.returncode}\n{done.stderr[-3000:]}")
     line = next(x for x in reversed(done.stdout.splitlines()) if x.startswith("@@"))
     return json.loads(line[2:])
-
-
-def cli_here(*argv: str) -> dict:
-    """A ``batchspec`` command in this process (for ``fresh``): its seconds and output."""
-    import io
-
-    from batchspec.cli import main
-
-    started, text = time.perf_counter(), io.StringIO()
-    with contextlib.redirect_stdout(text):
-        main(list(argv), standalone_mode=False)
-    return {"seconds": time.perf_counter() - started, "text": text.getvalue()}
-
-
-@contextlib.contextmanager
-def workdir(keep: str | None, prefix: str) -> Iterator[Path]:
-    """``keep`` (made if needed, left afterwards: its data may be reused) or a temporary
-    folder under /tmp, removed afterwards."""
-    work = Path(keep or tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        yield work
-    finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def job_file(path: Path, base: str = "synth_data.yaml", **sections: dict) -> Path:

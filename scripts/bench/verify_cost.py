@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch: see tree_decode.py
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch: see engines/tree/model.py
 
 import torch
 from harness import ROOT, abba, header, ints, options, parser, ratio

@@ -8,7 +8,7 @@ This check:
   a random-weight Llama-2-7B shape in bfloat16, eager against graphs in ABBA rounds (a step:
   the forward, an argmax and its host sync), and prints gpt-fast's "Bandwidth achieved"
   (bytes of weights and KV read per step / step time) beside the copy bandwidth measured in
-  the same run (a 1 GiB device-to-device copy, read + write bytes, as tree_decode.py counts);
+  the same run (a 1 GiB device-to-device copy, read + write bytes, as STREAM counts);
 - runs the tree engine greedily at batch 1 and 8 (a random SmolLM2-135M shape in float32,
   logits sharpened as in device_tree.py): K=4 n-gram trees and K=0, both on graphs, token
   for token, and K=0 on graphs against K=0 eager.
