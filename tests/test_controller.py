@@ -343,3 +343,36 @@ def test_a_domain_not_seen_yet_starts_where_the_pooled_replay_says() -> None:
         rates = ctl.choose("new").rates
         assert rates[3] == pytest.approx(200 / 110 / cost(3)), rates
         assert ctl.choose("new").k == want and ctl.choose("easy").k == 3
+
+
+def test_vllm_prices_each_domains_k_at_its_own_drafts() -> None:
+    """vLLM's n-gram chains draft K tokens or none, so a domain's rows draft coverage·K per
+    step. "sparse" drafted at 30 % of its steps, "dense" at 90 %, and their replays agree (1.4
+    tokens per step at K=2, 1.6 at K=4). With a drafted token at half a row's step,
+    sparse's K=2 step costs 1.3 (1.4/1.3 > K=0's 1/1), dense's 1.9 (1.4/1.9 < 1): only
+    sparse speculates. Priced at the pooled share of filled slots (60 %: 1.6 at K=2), neither
+    would."""
+
+    def ran(domain: str, coverage: float) -> Observation:
+        ob = replayed_observation(domain, 2, {0: 0, 2: 100 * 0.4 / 1.4, 4: 100 * 0.6 / 1.6})
+        ob.decode_steps, ob.spec_steps = 1000, int(1000 * coverage)
+        ob.accepted, ob.rejections = 300, int(1000 * coverage) - 100
+        return ob
+
+    def controller(own_drafts: bool) -> Controller:
+        ctl = Controller(8, [0, 2, 4], 2, step_cost=lambda k: 1.0 + 0.5 * 0.6 * k)
+        if own_drafts:
+            ctl.fill_cost = lambda k, fill: 1.0 + 0.5 * fill * k
+        ctl.add(ran("sparse", 0.3))
+        ctl.add(ran("dense", 0.9))
+        return ctl
+
+    ctl = controller(own_drafts=True)
+    sparse, dense = ctl.choose("sparse"), ctl.choose("dense")
+    assert (sparse.k, dense.k) == (2, 0)
+    assert sparse.rates[2] / sparse.rates[0] == pytest.approx(1.4 / 1.3)
+    assert dense.rates[2] / dense.rates[0] == pytest.approx(1.4 / 1.9)
+    pooled = controller(own_drafts=False)
+    assert (pooled.choose("sparse").k, pooled.choose("dense").k) == (0, 0)
+    # A domain not seen yet keeps the pooled price.
+    assert pooled.table([None])[0][0].tolist() == ctl.table([None])[0][0].tolist()

@@ -61,6 +61,13 @@ SAMPLES = 256
 of the fit's form; the sums are what the fit uses."""
 
 
+def decode_step_seconds(coef: np.ndarray, batch: int, k: int, drafts_per_row: float) -> float:
+    """A decode step of ``batch`` rows at ``k`` (nothing in prefill) priced by the fit's
+    coefficients (``FEATURES``), its rows drafting ``drafts_per_row`` tokens each."""
+    spec = batch if k > 0 else 0.0
+    return float(coef @ np.array([1.0, batch, spec, batch * drafts_per_row, 0.0]))
+
+
 class StepCosts:
     """Running least-squares sums of (features, seconds) over an engine's steps, and the fit."""
 
@@ -182,6 +189,14 @@ class StepCosts:
         """A decode step of ``batch`` rows at ``k``, nothing in prefill."""
         drafted = batch * self.drafts(k)
         return np.array([1.0, batch, batch if k > 0 else 0.0, drafted, 0.0])
+
+    def seconds_at(self, batch: int, k: int, fill: float) -> float:
+        """Seconds of a decode step of ``batch`` rows at ``k`` that each draft ``fill``·k
+        tokens (a domain's own drafts, ``Controller.fill_cost``; NaN before the fit)."""
+        coef = self.coefficients()
+        if coef is None:
+            return float("nan")
+        return decode_step_seconds(coef, batch, k, fill * k)
 
     def seconds(self, batch: int, k: int) -> float:
         """Seconds of a decode step of ``batch`` rows at ``k`` (NaN before the fit)."""

@@ -11,7 +11,7 @@ from batchspec.io.layout import OutDir
 from batchspec.observe.scan import PARTS_PER_SCAN, Scan, scan_output, table_of, with_latency
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.shared import SharedStats
-from batchspec.speculation.steps import read_step_costs, read_step_fit
+from batchspec.speculation.steps import read_fill_cost, read_step_costs, read_step_fit
 from batchspec.speculation.tuning import TuningFile, read_tuning
 from batchspec.work.runlog import RunStats
 
@@ -71,6 +71,7 @@ def controller_view(out: OutDir) -> ControllerView | None:
     ctl = Controller(
         batch, grid, default_k=max(grid), step_cost=read_step_costs(out, engine, batch)
     )
+    ctl.fill_cost = read_fill_cost(out, engine, batch)  # as the run priced (vLLM)
     ctl.load_observations(tuning.observations(batch, engine or ""))
     for ob in observations:
         ctl.add(ob)

@@ -140,6 +140,9 @@ class KPolicy:
             self.ctl.step_cost = lambda k: (
                 float(seconds(batch, k)) + (batch * (per_row(method) or 0.0) if k > 0 else 0.0)
             )
+            seconds_at = getattr(profile, "seconds_at", None)  # vLLM: a domain's own drafts
+            if seconds_at is not None:
+                self.ctl.fill_cost = lambda k, fill: float(seconds_at(batch, k, fill))
             if self.drafters is not None:
                 self.drafters.price(lambda k: float(seconds(batch, k)), per_row)
             self.ctl.version += 1

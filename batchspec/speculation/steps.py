@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from batchspec.engines.vllm_steps import FEATURES, decode_step_seconds
 from batchspec.io.layout import OutDir
 
 
@@ -92,6 +93,21 @@ def read_drafting(out: OutDir, engine: str | None, batch: int) -> dict[str, floa
         and isinstance(data.get("drafting"), dict)
     ]
     return {str(d): float(s) for d, s in max(found, key=lambda f: f[0])[1].items()} if found else {}
+
+
+def read_fill_cost(
+    out: OutDir, engine: str | None, batch: int
+) -> Callable[[int, float], float] | None:
+    """vLLM's step at K with rows drafting a share of K each (``Controller.fill_cost``), from
+    the newest worker's fit at this batch size; None on the tree engine or without a fit."""
+    found = read_step_fit(out)
+    if engine != "vllm" or found is None or found[0] != batch:
+        return None
+    given = found[1].get("coefficients")
+    if not isinstance(given, dict) or set(given) != set(FEATURES):
+        return None
+    coef = np.array([float(given[f]) for f in FEATURES])
+    return lambda k, fill: decode_step_seconds(coef, batch, k, fill * k)
 
 
 def read_step_fit(out: OutDir) -> tuple[int, dict[str, Any]] | None:
