@@ -25,6 +25,8 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from batchspec.io.temps import pid_alive
+
 ENV = "VLLM_RPC_BASE_PATH"
 PREFIX = "batchspec-ipc-"
 """Folders this module made start with this, then ``<host>-<pid>``."""
@@ -84,17 +86,7 @@ def sweep() -> list[Path]:
     tag = f"{PREFIX}{_host()}-"
     for path in Path(tempfile.gettempdir()).glob(f"{tag}*"):
         pid = path.name[len(tag) :]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
