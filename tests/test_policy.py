@@ -286,3 +286,25 @@ def test_the_chosen_k_never_loses_clearly_to_a_measured_k() -> None:
     ctl.add(measured("math", 8, [3.0, 30.0, 6.0, 24.0, 7.0, 20.0, 9.0, 21.0], 300, 30))
     choice = ctl.choose("math")
     assert choice.k == 8
+
+
+def test_a_domain_not_seen_yet_sends_one_unit_until_it_commits(tmp_path: Path) -> None:
+    """Input grouped by domain: plan order would fill the batch with "a"'s units, all at the
+    K chosen before any of them committed. Instead each new domain sends its first unit, then
+    (all new domains under way) plan order resumes; a domain once seen goes first again. With
+    speculation fixed nothing is learnt, and plan order stands."""
+    (tmp_path / "adaptive").mkdir()
+    policy = policy_with_rates(tmp_path / "adaptive", {})
+    scheduler = Scheduler(units("a", 3) + units("b", 2) + units("c", 1), policy)
+    k, first = scheduler.next_engine(None)
+    taken = [first.domain] + [scheduler.next_unit(k).domain for _ in range(3)]
+    assert taken == ["a", "b", "c", "a"]
+    policy.observe(Observation("a", k, 8, rows=8, output_tokens=800, running_s=60.0))
+    assert [scheduler.next_unit(k).domain for _ in range(2)] == ["a", "b"]
+    assert scheduler.next_unit(k) is None
+
+    job = job_dict(tmp_path / "out", speculative={"adaptive": False})
+    fixed = KPolicy(load_spec(write_job(tmp_path / "job.yaml", job)), OutDir(tmp_path), "w")
+    scheduler = Scheduler(units("a", 2) + units("b", 1), fixed)
+    k, first = scheduler.next_engine(None)
+    assert [first.domain, scheduler.next_unit(k).domain] == ["a", "a"]

@@ -113,6 +113,10 @@ class Controller:
                 setattr(self, name, new)
         return i
 
+    def seen(self, domain: str | None) -> bool:
+        """Whether any rows of ``domain`` were observed (at any batch size, or replayed)."""
+        return domain in self.index
+
     def load_observations(self, items: Iterable[Observation]) -> None:
         for item in items:
             self.add(item)

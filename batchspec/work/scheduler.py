@@ -9,6 +9,11 @@ doing so. It owns the units this worker may still run; claiming them (leases) is
 On an engine that takes K per unit (the tree engine) there is no engine plan: units come in
 plan order, whatever their domain, each at its domain's planned K (``unit_k``).
 
+Either way a domain's first unit goes out before its second while the controller has not
+seen the domain (``_first_looks``): inputs usually come grouped by domain, and plan order
+would otherwise fill a whole batch with one new domain's units, every one at the K chosen
+before any of them committed.
+
 The engine asks for a unit whenever its batch has room, which while the batch drains is every
 engine step: a decision is made again only when something it depends on changed (a unit
 taken, a new measurement, the engine's K, the number of live workers), and an answer "nothing
@@ -63,6 +68,9 @@ class Scheduler:
         """The planned K of each unit taken and not yet asked for (``unit_k``)."""
         self._unit_drafter: dict[str, str] = {}
         """The same for the planned drafter (``speculative.drafters``; ``unit_drafter``)."""
+        self._started: set[Domain] = set()
+        """Domains with a unit taken from this plan (run here, or claimed by another worker
+        first): their first look at the domain is under way (``_first_looks``)."""
 
     def __bool__(self) -> bool:
         return bool(self._queues)
@@ -128,7 +136,7 @@ class Scheduler:
         measuring K for its domain."""
         planned = [d for d in self.rows if plan[d] == k]
         riding = [d for d in self.rows if plan[d] != k and self.policy.explores(d, plan[d], k)]
-        candidates = planned + riding
+        candidates = self._first_looks(planned + riding)
         if not candidates:
             return None
         # Of these domains, the one whose next unit comes first in the plan.
@@ -141,12 +149,29 @@ class Scheduler:
         (an engine that takes K per unit)."""
         if not self._queues:
             return None
-        domain = min(self._queues, key=lambda d: self._queues[d][0][0])
+        domain = min(self._first_looks(list(self._queues)), key=lambda d: self._queues[d][0][0])
         self.policy.taken(domain, explored=False)
         unit = self._pop(domain, decision.plan[domain])
         if domain in decision.drafters:
             self._unit_drafter[unit.unit_id] = decision.drafters[domain]
         return unit
+
+    def _first_looks(self, domains: list[Domain]) -> list[Domain]:
+        """Of ``domains``, those whose next unit may go now: a domain the controller has not
+        seen (no unit of it committed, here or by another worker) and of which a unit was
+        already taken waits while any other remains. Replay of that first unit's rows tells
+        every K, so its second unit runs at the domain's own K rather than at the one chosen
+        blind; meanwhile the other domains' units keep the batch full. Not where nothing is
+        learned (speculation fixed)."""
+        if not self.policy.adaptive:
+            return domains
+        ctl = self.policy.ctl
+        ready = [
+            d
+            for d in domains
+            if d not in self._started or ctl.seen(d) or ctl.fixed_k(d) is not None
+        ]
+        return ready or domains
 
     def take(self, unit_id: str) -> WorkUnit | None:
         """Take one unit out of the plan, wherever it is (a dead worker's unit this worker
@@ -172,6 +197,7 @@ class Scheduler:
 
     def _pop(self, domain: Domain, k: int) -> WorkUnit:
         self._taken += 1
+        self._started.add(domain)
         _, unit = self._queues[domain].popleft()
         if self.policy.per_unit:
             self._unit_k[unit.unit_id] = k
