@@ -6,7 +6,7 @@ them), measuring real output tokens/s and acceptance at the batch size it record
 observations go to a tuning file that ``batchspec run`` loads into its K controller (and
 refuses for another engine, model, draft, method, dtype or sampling); the table printed is the
 measured tokens/s with its noise, and the K chosen never loses to another measured K by more
-than that noise (``controller._Table._measurement_wins``). A job with ``speculative.engine:
+than that noise (``predictions.Predictions._measurement_wins``). A job with ``speculative.engine:
 auto`` is swept on both engines, and the file records which one each batch size runs on
 (``route``).
 """
