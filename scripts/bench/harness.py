@@ -12,6 +12,7 @@ transformers' logs (a transcript is read by people) unless the environment says 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -94,6 +95,49 @@ def ratio(num: list[float], den: list[float]) -> str:
     per = [a / b for a, b in zip(num, den, strict=True)]
     spread = f" [{min(per):.3f}-{max(per):.3f}]" if len(per) > 1 else ""
     return f"{statistics.fmean(num) / statistics.fmean(den):.3f}{spread}"
+
+
+def tee(path: Path) -> None:
+    """This process's stdout copied to ``path`` as it is written (a device run cut short
+    still leaves what it measured in the folder that comes back)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout = _Tee(sys.stdout, path.open("w"))
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: Any) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+            stream.flush()
+        return len(text)
+
+
+def copy_bandwidth(device: str = "cpu", floats: int = 1 << 28, reps: int = 10) -> float:
+    """The memory bandwidth in GB/s that weights are read at against: a copy of ``floats``
+    float32 (1 GiB) on ``device``, read + write bytes counted (as STREAM's copy does), best
+    of ``reps``."""
+    import torch
+
+    src = torch.rand(floats, device=device)
+    dst, best = torch.empty_like(src), float("inf")
+    for _ in range(reps):
+        sync(device)
+        started = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def sync(device: str) -> None:
+    """Waits for the GPU's queued work (a timing's end), nothing on the CPU."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def ints(text: str) -> list[int]:

@@ -22,7 +22,7 @@ import sys
 import time
 
 import tree_lib as tl
-from harness import JOBS, abba, header, ints, options, parser, ratio
+from harness import JOBS, abba, copy_bandwidth, header, ints, options, parser, ratio
 
 QUICK = {"rows": 1, "max_tokens": 32, "rounds": 1, "batches": "1", "check_batch": 6}
 QUICK |= {"tree_ks": "0,4", "chain_ks": "3", "t3_nodes": "4,8,16"}
@@ -155,7 +155,7 @@ def bandwidth(runs: dict) -> None:
     if not plain or plain[0].weight_bytes is None:
         return
     rate = statistics.fmean(tl.decode_steps_per_s(r.results) for r in plain)
-    gbs, copy = plain[0].weight_bytes * rate / 1e9, tl.copy_bandwidth()
+    gbs, copy = plain[0].weight_bytes * rate / 1e9, copy_bandwidth()
     print(
         f"\nT4 plain decode, tree engine, batch 1 (prefill left out): {rate:.1f} steps/s; "
         f"bandwidth achieved {gbs:.1f} GB/s ({plain[0].weight_bytes / 1e6:.0f} MB x steps/s) "

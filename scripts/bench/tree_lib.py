@@ -97,21 +97,6 @@ def decode_steps_per_s(results: list[RowResult]) -> float:
     return steps / span if span > 0 else float("nan")
 
 
-def copy_bandwidth() -> float:
-    """This CPU's memory bandwidth in GB/s: a 1 GiB tensor copy, read + write bytes counted
-    (as STREAM's copy does), best of 10."""
-    import torch
-
-    src = torch.rand(1 << 28)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(10):
-        started = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - started)
-    return 2 * src.numel() * src.element_size() / best / 1e9
-
-
 def per_step(results: list[RowResult], domain: str | None = None) -> float:
     """Mean tokens a verify step yields: 1 + accepted drafts / steps that verified drafts
     (the bonus token plus the accepted path), over the rows of ``domain`` (None: all)."""
