@@ -193,6 +193,10 @@ class RowResult:
     replays: dict[str, dict[int, int]] | None = None
     """With ``speculative.drafters``, ``replayed`` for every drafter that replays exactly
     (n-gram and suffix trees), on the same row: what the K controller prices each with."""
+    replayed_drafted: dict[int, int] | None = None
+    """Per K of the grid, the draft tokens the replayed drafter proposed (vLLM's n-gram
+    chains; None elsewhere): what the row's drafts would cost each step, which the K
+    controller prices per domain. Not an output column."""
 
     @property
     def running_s(self) -> float | None:

@@ -376,3 +376,48 @@ def test_vllm_prices_each_domains_k_at_its_own_drafts() -> None:
     assert (pooled.choose("sparse").k, pooled.choose("dense").k) == (0, 0)
     # A domain not seen yet keeps the pooled price.
     assert pooled.table([None])[0][0].tolist() == ctl.table([None])[0][0].tolist()
+
+
+def test_a_domain_that_never_drafted_is_priced_at_its_replayed_drafts() -> None:
+    """Both domains ran at K=0 only, so no engine counted their drafts; replay proposes
+    vLLM's chains at every K and counts them. Same replayed acceptance (1.4 tokens per step at
+    K=2, 1.6 at K=4), but "sparse"'s drafts fill 30 % of the K slots a step, "dense"'s 90 %:
+    with a drafted token at half a row's step, sparse's K=2 step costs 1.3 (1.4/1.3 > 1),
+    dense's 1.9: only sparse speculates. Without the counts (replays of older runs) both
+    keep the pooled price (60 %: 1.6 at K=2) and neither does. A domain not seen yet is
+    priced at every domain's replayed drafts pooled (60 %)."""
+
+    def ran(domain: str, fill: float, counted: bool) -> Observation:
+        ob = Observation(domain, 0, 8, rows=10, output_tokens=1010, running_s=100.0)
+        for k, per_step in ((0, 1.0), (2, 1.4), (4, 1.6)):
+            steps = 1000 / per_step
+            drafted = [fill * k * steps] if counted else []
+            ob.add_replay([[k, 1000, 1000 - steps, *drafted]])
+        return ob
+
+    def controller(counted: bool) -> Controller:
+        ctl = Controller(8, [0, 2, 4], 2, step_cost=lambda k: 1.0 + 0.5 * 0.8 * k)
+        ctl.fill_cost = lambda k, fill: 1.0 + 0.5 * fill * k
+        ctl.add(ran("sparse", 0.3, counted))
+        ctl.add(ran("dense", 0.9, counted))
+        return ctl
+
+    ctl = controller(counted=True)
+    sparse, dense = ctl.choose("sparse"), ctl.choose("dense")
+    assert (sparse.k, dense.k) == (2, 0)
+    assert sparse.rates[2] / sparse.rates[0] == pytest.approx(1.4 / 1.3)
+    assert dense.rates[2] / dense.rates[0] == pytest.approx(1.4 / 1.9)
+    assert ctl.choose("new").rates[2] == pytest.approx(1.4 / 1.6)
+    older = controller(counted=False)
+    assert (older.choose("sparse").k, older.choose("dense").k) == (0, 0)
+    assert older.choose("sparse").rates[2] == pytest.approx(1.4 / 1.8)
+
+
+def test_replay_counts_the_drafts_vllm_would_propose() -> None:
+    """Observation sums keep the drafted count only while every row they add has one."""
+    ob = Observation("d", 0, 8)
+    ob.add_replay([[2, 100, 30, 80]])
+    ob.add_replay([[2, 50, 10, 40]])
+    assert ob.replay == [[2, 150, 40, 120]]
+    ob.add_replay([[2, 10, 0]])
+    assert ob.replay == [[2, 160, 40]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,8 +17,10 @@ from conftest import job_dict
 from test_tree_loop import NGRAM, SUFFIX, cycle_model, engine, random_prompts, run
 
 from batchspec.spec import JobSpec
+from batchspec.speculation.estimator import Observation
 from batchspec.speculation.replay import Replayer, ngram_starts, replay_chain, vllm_lookup
-from batchspec.units import RowRequest, RowResult
+from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
+from batchspec.work.feeding import Replays
 
 
 def test_ngram_starts_are_vllms_own_proposals() -> None:
@@ -54,13 +57,13 @@ def test_a_hand_worked_chain_at_every_k() -> None:
     tokens = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
     starts = ngram_starts(tokens, 7, 2, 2)
     assert starts[:3] == [3, 4, 5]
-    assert replay_chain(tokens, 6, starts, 1, 100) == (2, 2, False)
-    assert replay_chain(tokens, 6, starts, 3, 100) == (1, 3, False)
-    # K=8 drafted 8 5 6 7 and the row ended after 7: vLLM could count past the end.
-    assert replay_chain(tokens, 6, starts, 8, 100) == (1, 4, False)
-    assert replay_chain(tokens, 6, starts, 8, 9) == (1, 2, False)
+    assert replay_chain(tokens, 6, starts, 1, 100) == (2, 2, 2, False)
+    assert replay_chain(tokens, 6, starts, 3, 100) == (1, 3, 3, False)
+    # K=8 drafted 8 5 6 7 (the context's four) and the row ended after 7.
+    assert replay_chain(tokens, 6, starts, 8, 100) == (1, 4, 4, False)
+    assert replay_chain(tokens, 6, starts, 8, 9) == (1, 2, 2, False)
     # Cut the row after 8 5: at K=3 the draft 8 5 6 matched up to the end, 6 left over.
-    assert replay_chain(tokens[:9], 6, starts, 3, 100) == (1, 2, True)
+    assert replay_chain(tokens[:9], 6, starts, 3, 100) == (1, 3, 2, True)
 
 
 def test_vllm_lookup_defaults() -> None:
@@ -70,14 +73,13 @@ def test_vllm_lookup_defaults() -> None:
     assert vllm_lookup(1, 3) == (1, 3)
 
 
+def vllm_spec(method: str = "ngram", **speculative: object) -> JobSpec:
+    speculative |= {"method": method, "prompt_lookup_min": 2, "prompt_lookup_max": 2}
+    return JobSpec.model_validate(job_dict(Path("unused"), speculative=speculative))
+
+
 def vllm_replayer(grid: list[int], method: str = "ngram") -> Replayer:
-    spec = JobSpec.model_validate(
-        job_dict(
-            Path("unused"),
-            speculative={"method": method, "prompt_lookup_min": 2, "prompt_lookup_max": 2},
-        )
-    )
-    return Replayer(spec, "vllm", grid, 100)
+    return Replayer(vllm_spec(method), "vllm", grid, 100)
 
 
 def test_the_replayer_gives_a_row_per_k_and_none_where_it_cannot() -> None:
@@ -86,6 +88,25 @@ def test_the_replayer_gives_a_row_per_k_and_none_where_it_cannot() -> None:
     assert vllm_replayer([0, 3], "suffix").row(row) is None
     failed = RowResult(RowRequest(0, "a", None, {}, [5, 6]), error="too long")
     assert vllm_replayer([0, 3]).row(failed) is None
+
+
+def test_the_drafts_each_k_proposed_reach_the_units_observation() -> None:
+    """The worker's replay (``feeding.Replays``) hands the controller, beside the accepted
+    drafts, the drafts proposed at each K (the hand-worked row: 2 at K=1, 3 at K=3, the
+    context's 4 at K=8): what the domain's drafts cost, from its first unit at any K."""
+    replays = Replays(vllm_spec(k_grid=[0, 1, 3, 8]))
+    replays.engine_up(SimpleNamespace(name="vllm", k=0, max_model_len=100))
+    request = RowRequest(0, "a", "d", {}, [5, 6, 7, 8, 5, 6])
+    row = RowResult(request, num_output_tokens=5, token_ids=[7, 8, 5, 6, 7])
+    unit = UnitResult(UnitRequests(WorkUnit(0, "x", 0, 1, "d", 1)), [row], 0, "ngram", "vllm")
+    replays.replay(unit)
+    assert row.replayed == {0: 0, 1: 2, 3: 3, 8: 4}
+    assert Observation.from_result(unit, 8).replay == [
+        [0, 4, 0, 0],
+        [1, 4, 2, 2],
+        [3, 4, 3, 3],
+        [8, 4, 4, 4],
+    ]
 
 
 def tree_replayer(eng, grid: list[int]) -> Replayer:

@@ -30,7 +30,7 @@ def drafter_view(out: OutDir) -> DrafterView | None:
     batch = Counter(o.batch for o in chose).most_common(1)[0][0]
     drafters = [*dict.fromkeys(d for o in chose for d in (o.drafter, *o.replays) if d)]
     method = chose[0].drafter or drafters[0]
-    grid = sorted({k for o in chose for items in o.replays.values() for k, _, _ in items} | {0})
+    grid = sorted({k for o in chose for items in o.replays.values() for k, *_ in items} | {0})
     choice = DrafterChoice(drafters, method, batch, grid, default_k=max(grid))
     seconds = read_step_costs(out, "tree", batch)
     drafting = read_drafting(out, "tree", batch)

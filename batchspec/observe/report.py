@@ -66,7 +66,7 @@ def controller_view(out: OutDir) -> ControllerView | None:
     if not batches:
         return None
     batch = max(set(batches), key=batches.count)
-    replayed = {k for o in observations for k, _, _ in o.replay}
+    replayed = {k for o in observations for k, *_ in o.replay}
     grid = (entry.k_grid if entry else None) or sorted({o.k for o in observations} | replayed)
     ctl = Controller(
         batch, grid, default_k=max(grid), step_cost=read_step_costs(out, engine, batch)

@@ -60,6 +60,11 @@ class Controller:
         self._replay_tokens = np.zeros_like(self._running)
         """Per domain and K: replayed rows' decode tokens, and the drafts replay accepted."""
         self._replay_accepted = np.zeros_like(self._running)
+        self._replay_drafted = np.zeros_like(self._running)
+        """Per domain and K: draft tokens replay proposed (vLLM's n-gram chains), and the
+        decode steps of the rows that count them (tokens − accepted): their share of K
+        filled per step is what their drafts cost (``Predictions``)."""
+        self._replay_steps = np.zeros_like(self._running)
         self._produced = np.zeros((0, 2))
         """Per domain, over every K: rows and output tokens."""
         self._table: Predictions | None = None
@@ -69,11 +74,14 @@ class Controller:
     def add(self, ob: Observation) -> None:
         if ob.rows == 0:
             return
-        i = self._row(ob.domain, max([ob.k, *(k for k, _, _ in ob.replay)]))
+        i = self._row(ob.domain, max([ob.k, *(k for k, *_ in ob.replay)]))
         # Replayed acceptance holds at any batch size; the rest is this batch size's.
-        for k, tokens, accepted in ob.replay:
+        for k, tokens, accepted, *drafted in ob.replay:
             self._replay_tokens[i, k] += tokens
             self._replay_accepted[i, k] += accepted
+            if drafted:
+                self._replay_drafted[i, k] += drafted[0]
+                self._replay_steps[i, k] += tokens - accepted
         self.version += 1
         self._table = None
         if ob.batch != self.batch:
@@ -98,7 +106,7 @@ class Controller:
         if i >= rows or k >= cols:
             grow = max(rows, 2 * i + 1)
             per_k = ("_running", "_tokens", "_rated", "_rate_sum", "_rate_sq")
-            per_k += ("_replay_tokens", "_replay_accepted")
+            per_k += ("_replay_tokens", "_replay_accepted", "_replay_drafted", "_replay_steps")
             widths = dict.fromkeys(per_k, max(cols, k + 1)) | {"_acceptance": 4, "_produced": 2}
             for name, width in widths.items():
                 old = getattr(self, name)

@@ -109,7 +109,9 @@ class Observation:
     """Replayed acceptance (``replay``), one ``[K, tokens, accepted]`` per K of the grid:
     over the replayed rows, their output tokens after the first (the decode steps' share)
     and the draft tokens replay accepted at K; tokens per step at K is tokens / (tokens −
-    accepted). Empty where no row was replayed (and in files of older runs)."""
+    accepted). vLLM's n-gram chains add a fourth, the draft tokens proposed (what the drafts
+    cost: ``Controller.fill_cost``). Empty where no row was replayed (and in files of older
+    runs)."""
     drafter: str | None = None
     """The drafter its rows ran with (``speculative.drafters``); None: the job's method."""
     replays: dict[str, list[list[int]]] = field(default_factory=dict)
@@ -152,7 +154,13 @@ class Observation:
             self.rate_sq += (tokens / r.running_s) ** 2
         # Metrics of an engine without speculation (K=0) are not acceptance measurements.
         if r.replayed is not None:
-            self.add_replay([[k, tokens - 1, a] for k, a in r.replayed.items()])
+            drafted = r.replayed_drafted or {}
+            self.add_replay(
+                [
+                    [k, tokens - 1, a, *([drafted[k]] if k in drafted else [])]
+                    for k, a in r.replayed.items()
+                ]
+            )
         for name, replayed in (r.replays or {}).items():
             add_replay(
                 self.replays.setdefault(name, []), [[k, tokens - 1, a] for k, a in replayed.items()]
@@ -188,15 +196,19 @@ class Observation:
 
 
 def add_replay(sums: list[list[int]], items: list[list[int]]) -> None:
-    """Add ``[K, tokens, accepted]`` ``items`` into ``sums`` (of the same form), K by K."""
-    at = {k: i for i, (k, _, _) in enumerate(sums)}
-    for k, tokens, accepted in items:
-        if k in at:
-            sums[at[k]][1] += tokens
-            sums[at[k]][2] += accepted
-        else:
+    """Add ``[K, tokens, accepted]`` or ``[K, tokens, accepted, drafted]`` ``items`` into
+    ``sums`` (of the same form), K by K; a sum keeps ``drafted`` only while every item it
+    adds has one (rows of older runs, or of drafters whose drafts are not counted, lack it)."""
+    at = {item[0]: i for i, item in enumerate(sums)}
+    for item in items:
+        k = item[0]
+        if k not in at:
             at[k] = len(sums)
-            sums.append([k, tokens, accepted])
+            sums.append(list(item))
+            continue
+        old = sums[at[k]]
+        added = [a + b for a, b in zip(old, item, strict=False)]
+        sums[at[k]] = [k, *added[1:]]
 
 
 @dataclass

@@ -123,20 +123,41 @@ class Predictions:
     def _own_drafts(
         ctl: Controller, coverage: np.ndarray, grid: np.ndarray, step: np.ndarray
     ) -> np.ndarray:
-        """Each domain's step at every K priced at its own drafts (``fill_cost``), where its
-        rows drafted: an n-gram chain drafts K tokens or none, so a row drafts coverage·K a
-        step (measured: drafts / (steps·K) equals coverage within 2 % per domain), and
-        coverage differs threefold between domains (0.31 translation, 0.85 long_qa at batch 8
-        on the long-context set), which one pooled share of filled slots prices alike. Rows
-        of ``step`` (one per domain and the blank one) where nothing drafted yet."""
+        """Each domain's step at every K priced at its own drafts (``fill_cost``): at the
+        share of K its rows' drafts fill a step, replayed at that K where replay counted the
+        drafts (vLLM's n-gram chains: exact for greedy rows, from the domain's first unit at
+        any K), else its coverage where its rows drafted (an n-gram chain drafts K tokens or
+        none, so a row drafts coverage·K a step: measured within 2 % per domain), else the
+        pooled price (rows of ``step``, one per domain and the blank one). Shares differ
+        threefold between domains (0.31 translation, 0.85 long_qa at batch 8 on the
+        long-context set), which one pooled share prices alike. The blank row takes every
+        domain's replayed drafts pooled, as its tokens per step do (``replayed_per_step``)."""
         n = len(coverage)
         out = np.tile(step, (n + 1, 1))
         if ctl.fill_cost is None:
             return out
-        for i in np.flatnonzero(ctl._acceptance[:n, 3] > 0):  # decode steps at a K > 0
-            costs = [ctl.fill_cost(int(k), float(coverage[i])) for k in grid]
+        fill = np.full(out.shape, np.nan)
+        drafted = ctl._acceptance[:n, 3] > 0  # decode steps at a K > 0
+        fill[:n][drafted] = coverage[drafted, None]
+        inside = grid < ctl._replay_steps.shape[1]
+        cols = grid[inside]
+        drafts = _with_pooled(ctl._replay_drafted[:n, cols])
+        steps = _with_pooled(ctl._replay_steps[:n, cols])
+        per_slot = np.maximum(cols, 1) * steps
+        replayed = np.divide(drafts, per_slot, out=np.full_like(drafts, np.nan), where=steps > 0)
+        fill[:, inside] = np.where(steps > 0, replayed, fill[:, inside])
+        for i in np.flatnonzero(np.isfinite(fill).any(axis=1)):
+            costs = [
+                ctl.fill_cost(int(k), float(f)) if np.isfinite(f) else float(s)
+                for k, f, s in zip(grid, fill[i], out[i], strict=True)
+            ]
             out[i] = np.maximum.accumulate(costs)
         return out
+
+
+def _with_pooled(sums: np.ndarray) -> np.ndarray:
+    """Per-domain ``sums`` and, as one more row, their total: the blank domain's."""
+    return np.vstack([sums, sums.sum(axis=0, keepdims=True)])
 
 
 def replayed_per_step(

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from batchspec.spec import JobSpec
 from batchspec.spec.tree import TREE
@@ -76,17 +76,29 @@ def ngram_starts(tokens: Sequence[int], first: int, min_n: int, max_n: int) -> l
     return out
 
 
+class Chain(NamedTuple):
+    """vLLM's n-gram proposer at one K replayed over one row (``replay_chain``)."""
+
+    steps: int
+    """Verify steps that drafted."""
+    drafted: int
+    """Draft tokens proposed (K a step, fewer where the match's continuation or the model's
+    length runs out): what the row's drafts cost the engine's steps (``Controller.fill_cost``)."""
+    accepted: int
+    open_end: bool
+    """The last step's draft matched up to the row's end with tokens left: vLLM may count
+    more accepted tokens than were emitted (the module's caveat)."""
+
+
 def replay_chain(
     tokens: Sequence[int], prompt_len: int, starts: list[int], k: int, max_model_len: int
-) -> tuple[int, int, bool]:
-    """(verify steps that drafted, draft tokens accepted, whether the last step's draft
-    matched up to the row's end with tokens left) of vLLM's n-gram proposer at K on a row
-    (``tokens``: prompt then output; ``starts``: ``ngram_starts`` from ``prompt_len + 1``).
-    The first output token comes from the prefill; every later step drafts from the context
-    so far and emits its accepted draft tokens and one more. Where the last flag is set,
-    vLLM may count more accepted tokens than were emitted (the module's caveat)."""
+) -> Chain:
+    """vLLM's n-gram proposer at K on a row (``tokens``: prompt then output; ``starts``:
+    ``ngram_starts`` from ``prompt_len + 1``). The first output token comes from the prefill;
+    every later step drafts from the context so far and emits its accepted draft tokens and
+    one more."""
     n_out = len(tokens) - prompt_len
-    steps = accepted = 0
+    steps = drafted = accepted = 0
     open_end = False
     t = 1
     while t < n_out:
@@ -99,10 +111,11 @@ def replay_chain(
             got += 1
         if length:
             steps += 1
+            drafted += length
             accepted += got
             open_end = t + got == n_out and got < length
         t += got + 1
-    return steps, accepted, open_end
+    return Chain(steps, drafted, accepted, open_end)
 
 
 @dataclass
@@ -118,6 +131,9 @@ class Replayer:
     open_end: set[int] = field(default_factory=set)
     """The K at which the last row's final draft outran the row's end (vLLM n-gram only):
     there vLLM's own count may exceed the replay's."""
+    drafted: dict[int, int] | None = None
+    """The last row's draft tokens proposed at each K of the grid (vLLM n-gram only; None
+    elsewhere): what its drafts cost, priced per domain (``Chain.drafted``)."""
     suffix: Any = None
     """``method: suffix`` on the tree engine: the ``SuffixDrafter`` replayed, whose domain
     indexes learn each row after it is replayed (made on the first row)."""
@@ -169,7 +185,7 @@ class Replayer:
         one finished row; None for an error row, a row without output, or none that
         replays. A suffix drafter learns the row after every drafter replayed it."""
         prompt, out = r.request.prompt_token_ids, r.token_ids
-        self.open_end = set()
+        self.open_end, self.drafted = set(), None
         if not self.supported or r.error is not None or not prompt or not out:
             return None
         if self.engine == TREE:
@@ -181,11 +197,12 @@ class Replayer:
         lo, hi = vllm_lookup(s.prompt_lookup_min, s.prompt_lookup_max)
         tokens = [*prompt, *out]
         starts = ngram_starts(tokens, len(prompt) + 1, lo, hi)
-        accepted = []
+        accepted, self.drafted = [], {}
         for k in self.grid:
-            _, got, open_end = replay_chain(tokens, len(prompt), starts, k, self.max_model_len)
-            accepted.append(got if k > 0 else 0)
-            if open_end and k > 0:
+            chain = replay_chain(tokens, len(prompt), starts, k, self.max_model_len)
+            accepted.append(chain.accepted if k > 0 else 0)
+            self.drafted[k] = chain.drafted if k > 0 else 0
+            if chain.open_end and k > 0:
                 self.open_end.add(k)
         return {"ngram": accepted}
 

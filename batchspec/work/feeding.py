@@ -72,6 +72,8 @@ class Replays:
         grid = self.replayer.grid if self.replayer is not None else []
         replays = {d: dict(zip(grid, accepted, strict=True)) for d, accepted in each.items()}
         r.replayed = replays.get(drafter or self.spec.speculative.method)
+        if self.replayer is not None:
+            r.replayed_drafted = self.replayer.drafted
         if self.spec.speculative.drafters is not None:
             r.replays = replays
 
