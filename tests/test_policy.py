@@ -19,8 +19,9 @@ from batchspec.io.layout import OutDir
 from batchspec.spec.file import load_spec
 from batchspec.speculation import policy as policy_module
 from batchspec.speculation.controller import Controller
+from batchspec.speculation.engine_sets import cheapest_engine_set
 from batchspec.speculation.estimator import Observation
-from batchspec.speculation.policy import KPolicy, cheapest_engine_set
+from batchspec.speculation.policy import KPolicy
 from batchspec.speculation.shared import SharedStats
 from batchspec.speculation.tuning import TuningFile, tuning_identity
 from batchspec.units import RowRequest, RowResult, SpecStats, WorkUnit
