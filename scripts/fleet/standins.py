@@ -88,7 +88,8 @@ class SimPolicy:
     """K 0 for every domain; one shared line per committed unit, the others' read as
     ``KPolicy.refresh`` reads them."""
 
-    version, per_unit = (0, None), False
+    version, per_unit, adaptive = (0, None), False, False
+    """``adaptive`` False: K fixed, no domain waits for its first unit (``Scheduler``)."""
 
     def __init__(self, out: OutDir, worker: str):
         self.shared = SharedStats(out, worker)
