@@ -318,6 +318,10 @@ def test_an_engine_that_takes_k_per_unit_gets_every_domain_at_its_best_k(tmp_pat
     taken = [sched.next_unit(3), sched.next_unit(3)]
     assert taken == units[1:] and [sched.unit_k(u) for u in taken] == [3, 0]
     assert sched.next_unit(3) is None and policy.explored == 0
+    # Its batches hold rows at several K: what it commits says so (``Observation.mixed``).
+    committed = replayed_observation("easy", 3, {0: 0, 3: 60})
+    policy.observe(committed)
+    assert committed.mixed
 
 
 def test_a_domain_nothing_was_learnt_of_starts_at_the_specs_k() -> None:
@@ -421,3 +425,31 @@ def test_replay_counts_the_drafts_vllm_would_propose() -> None:
     assert ob.replay == [[2, 150, 40, 120]]
     ob.add_replay([[2, 10, 0]])
     assert ob.replay == [[2, 160, 40]]
+
+
+def test_rows_sharing_batches_at_several_k_set_only_their_domains_level() -> None:
+    """An engine that takes K per unit, at batch 8: a domain's K=0 rows ran beside other
+    domains' K=3 rows and its K=3 rows beside K=0 rows, so their measured rates (9 and 11
+    tok/s, 20 rows each, little spread) are their neighbours' pace as much as their own K's.
+    Replay gives 1.2 tokens a step at K=3 and the step model 1.5x a plain step: K=0 pays
+    (1 against 0.8). Measured rates taken per K would say K=3 (11 > 9, beyond their noise);
+    marked ``mixed`` they set the domain's level (their sum over the model's: 20 / 1.8) and
+    the model compares K. Without a step model they are all there is."""
+
+    def ran(k: int, rate: float, mixed: bool) -> Observation:
+        ob = Observation("a", k, 8, rows=20, output_tokens=2000, running_s=2000 / rate)
+        ob.rated, ob.rate_sum, ob.rate_sq = 20, 20 * rate, 20 * rate**2 * 1.0001
+        ob.add_replay([[0, 1980, 0], [3, 1980, 1980 - 1980 / 1.2]])
+        ob.mixed = mixed
+        return ob
+
+    for mixed, want in ((False, 3), (True, 0)):
+        ctl = Controller(8, [0, 3], 3, step_cost=lambda k: 1.0 + k / 6)
+        ctl.add(ran(0, 9.0, mixed))
+        ctl.add(ran(3, 11.0, mixed))
+        assert ctl.choose("a").k == want, mixed
+    assert ctl.choose("a").rates == pytest.approx({0: 20 / 1.8, 3: 0.8 * 20 / 1.8})
+    blind = Controller(8, [0, 3], 3)
+    blind.add(ran(0, 9.0, True))
+    blind.add(ran(3, 11.0, True))
+    assert blind.choose("a").rates == pytest.approx({0: 9.0, 3: 11.0})

@@ -49,8 +49,13 @@ class Controller:
         self.index: dict[str | None, int] = {}
         """Row of each observed domain in the arrays below."""
         self._running = np.zeros((0, max(self.k_grid) + 1))
-        """Per domain and K (column): rows' running seconds; ``_tokens``: their output tokens."""
+        """Per domain and K (column): rows' running seconds; ``_tokens``: their output tokens;
+        rows that ran in batches of their own K only. ``_level_running`` and
+        ``_level_tokens``: the same of rows that shared batches with other K
+        (``Observation.mixed``), which tell a domain's level, not K against K."""
         self._tokens = np.zeros_like(self._running)
+        self._level_running = np.zeros_like(self._running)
+        self._level_tokens = np.zeros_like(self._running)
         self._acceptance = np.zeros((0, 4))
         """Per domain, over K > 0: accepted, rejections, spec steps, decode steps."""
         self._rated = np.zeros_like(self._running)
@@ -90,12 +95,16 @@ class Controller:
         if key not in self.obs:
             self.obs[key] = Observation(ob.domain, ob.k, ob.batch)
         self.obs[key].merge(ob)
-        self._running[i, ob.k] += ob.running_s
-        self._tokens[i, ob.k] += ob.output_tokens
-        self._rated[i, ob.k] += ob.rated
-        self._rate_sum[i, ob.k] += ob.rate_sum
-        self._rate_sq[i, ob.k] += ob.rate_sq
         self._produced[i] += (ob.rows, ob.output_tokens)
+        if ob.mixed:
+            self._level_running[i, ob.k] += ob.running_s
+            self._level_tokens[i, ob.k] += ob.output_tokens
+        else:
+            self._running[i, ob.k] += ob.running_s
+            self._tokens[i, ob.k] += ob.output_tokens
+            self._rated[i, ob.k] += ob.rated
+            self._rate_sum[i, ob.k] += ob.rate_sum
+            self._rate_sq[i, ob.k] += ob.rate_sq
         if ob.k > 0:
             self._acceptance[i] += (ob.accepted, ob.rejections, ob.spec_steps, ob.decode_steps)
 
@@ -105,7 +114,8 @@ class Controller:
         rows, cols = self._running.shape
         if i >= rows or k >= cols:
             grow = max(rows, 2 * i + 1)
-            per_k = ("_running", "_tokens", "_rated", "_rate_sum", "_rate_sq")
+            per_k = ("_running", "_tokens", "_level_running", "_level_tokens")
+            per_k += ("_rated", "_rate_sum", "_rate_sq")
             per_k += ("_replay_tokens", "_replay_accepted", "_replay_drafted", "_replay_steps")
             widths = dict.fromkeys(per_k, max(cols, k + 1)) | {"_acceptance": 4, "_produced": 2}
             for name, width in widths.items():

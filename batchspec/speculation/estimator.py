@@ -114,6 +114,11 @@ class Observation:
     runs)."""
     drafter: str | None = None
     """The drafter its rows ran with (``speculative.drafters``); None: the job's method."""
+    mixed: bool = False
+    """Its rows shared the engine's batches with rows at other K (an engine that takes K per
+    unit, at a batch size above 1): a step costs what every row's drafts cost, so a K=0 row
+    beside K=4 rows decodes slower than in a batch of its own, and they faster. Their rates
+    say how fast the domain runs, not how one K compares with another (``Predictions``)."""
     replays: dict[str, list[list[int]]] = field(default_factory=dict)
     """With ``speculative.drafters``, ``replay`` per drafter that replays exactly, on the
     same rows (``speculation/drafters.py`` prices each drafter from its own)."""

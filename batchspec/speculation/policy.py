@@ -159,6 +159,7 @@ class KPolicy:
         """A unit this worker committed: learn from it and share it."""
         if self.adaptive:
             ob.engine = self.engine
+            ob.mixed = self.per_unit and self.ctl.batch > 1
             self._learn(ob)
             self.shared.append(ob)
             self._write_steps()  # real steps correct the prices

@@ -35,23 +35,28 @@ class Predictions:
         step = self._steps(ctl, alpha[:n], coverage[:n], grid)
         per_step = replayed_per_step(ctl, alpha, coverage, grid)
         predicted = per_step / step
-        running, tokens = ctl._running[:n, grid], ctl._tokens[:n, grid]
-        measured = np.full_like(predicted, np.nan)
-        long_enough = (running > 0) & (tokens >= MIN_RATE_TOKENS)
-        np.divide(tokens, running, out=measured[:n], where=long_enough)
+        measured = _rates(ctl._running[:n, grid], ctl._tokens[:n, grid], n)
+        level = _rates(ctl._level_running[:n, grid], ctl._level_tokens[:n, grid], n)
         # Step times are pooled over domains, but a domain with long prompts steps slower at
         # every K, and its extra cost per draft differs too: the domain's own rates win where
-        # it has them, and scale the model's level for the K it lacks.
-        both = np.isfinite(measured) & np.isfinite(predicted)
-        num = np.where(both, measured, 0.0).sum(axis=1)
+        # it has them, and scale the model's level for the K it lacks. Rates of rows that
+        # shared batches with other K (``Observation.mixed``) scale the level only: their
+        # neighbours set their pace as much as their own K does.
+        seen = np.where(np.isfinite(measured), measured, level)
+        both = np.isfinite(seen) & np.isfinite(predicted)
+        num = np.where(both, seen, 0.0).sum(axis=1)
         den = np.where(both, predicted, 0.0).sum(axis=1)
         scale = np.divide(num, den, out=np.ones_like(num), where=den > 0)
-        self.rates = np.where(np.isfinite(measured), measured, predicted * scale[:, None])
+        levelled = predicted * scale[:, None]
+        self.rates = np.where(np.isfinite(measured), measured, levelled)
+        # With no step model to compare K by, those rates are all there is.
+        self.rates = np.where(np.isfinite(self.rates), self.rates, level)
         self.predicted, self.measured = predicted, measured  # unscaled (``drafters``)
         known = np.isfinite(self.rates)
         # K=0 ran for the domain (its step time measured, not only profiled).
+        ran = ctl._running[:n, 0] + ctl._level_running[:n, 0] > 0
         zero = np.zeros(n + 1, dtype=bool)
-        zero[:n] = known[:n, 0] & (ctl._running[:n, 0] > 0) if grid[0] == 0 else False
+        zero[:n] = known[:n, 0] & ran if grid[0] == 0 else False
         # Ties go to the smaller K (the grid is sorted; argmax takes the first maximum).
         best = grid[np.argmax(np.where(known, self.rates, -np.inf), axis=1)]
         # A domain that nothing tells acceptance of (no drafts counted or replayed, no K=0
@@ -153,6 +158,14 @@ class Predictions:
             ]
             out[i] = np.maximum.accumulate(costs)
         return out
+
+
+def _rates(running: np.ndarray, tokens: np.ndarray, n: int) -> np.ndarray:
+    """Measured rates per (domain, K) with at least ``MIN_RATE_TOKENS``, NaN elsewhere, and
+    a NaN row for the blank domain."""
+    out = np.full((n + 1, running.shape[1]), np.nan)
+    np.divide(tokens, running, out=out[:n], where=(running > 0) & (tokens >= MIN_RATE_TOKENS))
+    return out
 
 
 def _with_pooled(sums: np.ndarray) -> np.ndarray:
