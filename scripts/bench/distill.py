@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from harness import ROOT, abba, header, ints
+from harness import JOBS, abba, header, ints, options, parser, timed
 from tree_lib import Run, Sample, Tally, committed, per_step, run, variant
 
 from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch
@@ -32,24 +32,19 @@ from batchspec.engines.tree.hybrid import NgramFirst
 from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.measure.distill import load_target
 from batchspec.measure.distill_data import Row
-from batchspec.spec.file import load_spec
 from batchspec.spec.tree import TreeShape
 from batchspec.units import RowRequest, WorkUnit
 
 
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--job", default=str(ROOT / "jobs" / "synth_tree.yaml"))
+    """--head: the head (default OUTPUT/drafts/eagle3); --holdout: as distill was run; --depth:
+    the deepest draft node; --skip: the layers the self-draft skips; --self-rows: self-draft
+    rows per domain; --rows: held-out prompts run per batch size; --lookup: n-gram bounds,
+    min,max (every n-gram draft)."""
+    ap = parser(__doc__, job=str(JOBS / "synth_tree.yaml"), head=None, holdout=0.1, depth=6)
+    options(ap, skip="10,12,14,16,18,20", self_rows=2, batches="1,8,16", rows=16, max_tokens=64)
+    options(ap, lookup="1,4")
     ap.add_argument("--output", required=True, help="the job's output directory")
-    ap.add_argument("--head", help="the head [default: OUTPUT/drafts/eagle3]")
-    ap.add_argument("--holdout", type=float, default=0.1, help="as distill was run")
-    ap.add_argument("--depth", type=int, default=6, help="deepest draft node")
-    ap.add_argument("--skip", default="10,12,14,16,18,20", help="layers the self-draft skips")
-    ap.add_argument("--self-rows", type=int, default=2, help="self-draft rows per domain")
-    ap.add_argument("--batches", default="1,8,16")
-    ap.add_argument("--rows", type=int, default=16, help="held-out prompts run per batch size")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--lookup", default="1,4", help="n-gram bounds, min,max (every n-gram draft)")
     return ap.parse_args()
 
 
@@ -123,78 +118,38 @@ def mean(values: list[float | None]) -> float:
     return statistics.mean(got) if got else float("nan")
 
 
-def timed_run(label: str, spec, k: int, smp: Sample) -> tuple[Run, dict[str, float]]:
-    """``run`` with the head engine's drafting and verifying timed apart."""
-    from batchspec.engines import open_engine
-
-    parts = {"draft": 0.0, "verify": 0.0}
-    real_open = open_engine
-
-    def instrumented(*args, **kw):
-        eng = real_open(*args, **kw)
-        for obj, name, key in ((eng.drafter, "draft", "draft"), (eng.model, "verify", "verify")):
-            if obj is None:
-                continue
-            fn = getattr(obj, name)
-
-            def wrap(*a, _fn=fn, _key=key, **k):
-                t = time.perf_counter()
-                try:
-                    return _fn(*a, **k)
-                finally:
-                    parts[_key] += time.perf_counter() - t
-
-            setattr(obj, name, wrap)
-        return eng
-
-    import tree_lib
-
-    tree_lib.open_engine = instrumented
-    try:
-        return run(label, spec, k, smp), parts
-    finally:
-        tree_lib.open_engine = real_open
-
-
 def d2(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int, float]:
     """Tokens/s of plain, n-gram and head trees per batch size; head / plain per batch."""
     rows = held[: a.rows]
     reqs = [RowRequest(i, r.row_id, r.domain, {}, r.prompt) for i, r in enumerate(rows)]
     smp = Sample(WorkUnit(0, "held-out", 0, len(reqs), None, len(reqs)), reqs, [])
-    ratios = {}
+    ratios, tree = {}, {"max_depth": a.depth}
+    head = {"method": "eagle3", "model": str(head_dir)}
     for batch in ints(a.batches):
-        tree = {"max_depth": a.depth}
-        plain_s = variant(spec, batch, tree)
-        ngram_s = variant(load_spec(a.job, overrides(a)), batch, tree)
-        head_upd = {"method": "eagle3", "model": str(head_dir)}
-        head_s = plain_s.model_copy(
-            update={"speculative": plain_s.speculative.model_copy(update=head_upd)}
-        )
-        hybrid_tree = head_s.speculative.tree.model_copy(update={"ngram_first": True})
-        hybrid_s = head_s.model_copy(
-            update={"speculative": head_s.speculative.model_copy(update={"tree": hybrid_tree})}
-        )
-        configs = {"plain": (plain_s, 0), "ngram": (ngram_s, 4), "head": (head_s, 4),
-                   "hybrid": (hybrid_s, 4)}  # fmt: skip
+        configs = {
+            "plain": (variant(spec, batch, tree), 0),
+            "ngram": (variant(spec, batch, tree), 4),
+            "head": (variant(spec, batch, tree, **head), 4),
+            "hybrid": (variant(spec, batch, tree | {"ngram_first": True}, **head), 4),
+        }
         ref: list[Run] = []
 
-        def one(label: str, r: int, configs=configs, ref=ref) -> tuple[Run, dict[str, float]]:
-            got = timed_run(label, *configs[label], smp)
-            ref[:] = ref or [got[0]]  # the first run: every other's identity is against it
+        def one(label: str, r: int, configs=configs, ref=ref) -> Run:
+            got = run(label, *configs[label], smp, split=True)
+            ref[:] = ref or [got]  # the first run: every other's identity is against it
             return got
 
-        def show(label: str, got: tuple[Run, dict[str, float]], batch=batch, ref=ref) -> str:
-            r, parts = got
+        def show(label: str, r: Run, batch=batch, ref=ref) -> str:
             same = sum(x.token_ids == y.token_ids
                        for x, y in zip(ref[0].results, r.results, strict=True))  # fmt: skip
-            split_s = ", ".join(f"{p} {v:.1f} s" for p, v in parts.items())
+            split_s = ", ".join(f"{p} {v:.1f} s" for p, v in r.parts.items())
             return (
                 f"batch {batch:>2} {r.rate:7.1f} tok/s  {per_step(r.results):.2f} tokens/step"
                 f"  identical {same}/{len(r.results)}  ({split_s} of {r.seconds:.1f} s)"
             )
 
         runs = abba(list(configs), 2, one, show)
-        got = {label: [r.rate for r, _ in rs] for label, rs in runs.items()}
+        got = {label: [r.rate for r in rs] for label, rs in runs.items()}
         rate = {k: statistics.mean(v) for k, v in got.items()}
         ratios[batch] = rate["head"] / rate["plain"]
         ratios[-batch] = rate["hybrid"] / rate["plain"]
@@ -214,13 +169,8 @@ def per_depth(head_dir: Path, spec) -> None:
     drafter = EagleDrafter(head, StoredFeatures(feats), 1, 256)
     one = torch.ones(1, 1, dtype=torch.long)
 
-    def best(fn) -> float:
-        times = []
-        for _ in range(20):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return min(times) * 1e3
+    def best(fn: Callable[[], object]) -> float:
+        return timed(fn, 20, min) * 1e3
 
     hid = torch.zeros(1, 1, head.fc.shape[0])
     mask = torch.ones(1, 1, 1, dtype=torch.bool)

@@ -26,8 +26,13 @@ from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "jobs"
+PROMPTS = JOBS / "data" / "prompts.parquet"
+"""The default prompt set (``scripts/data/build.py prompts``)."""
 BATCHSPEC = str(Path(sys.executable).with_name("batchspec"))
 T = TypeVar("T")
+PLANTED = {"BATCHSPEC_INJECT_ACCEPT_ALL": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""The planted sampler bias (every draft accepted, ``engines.planted``) that ``verify`` must
+catch: it patches the CLI's own vLLM, so the engine runs in the CLI's process."""
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -132,6 +137,18 @@ def copy_bandwidth(device: str = "cpu", floats: int = 1 << 28, reps: int = 10) -
     return 2 * src.numel() * 4 / best / 1e9
 
 
+def timed(fn: Callable[[], object], reps: int, pick: Callable = statistics.median) -> float:
+    """Seconds a call of ``fn`` takes: ``pick`` (the median; ``min`` for the floor) of ``reps``
+    timed calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return pick(times)
+
+
 def sync(device: str) -> None:
     """Waits for the GPU's queued work (a timing's end), nothing on the CPU."""
     if device == "cuda":
@@ -145,17 +162,30 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def balanced(spec: Any, path: Path, per_domain: int | None = None, rows: int | None = None):
-    """The first ``per_domain`` rows of every domain (or ``rows`` spread evenly over them) of
-    the job's input, sorted by domain and id, written to ``path``; returns the frame."""
+def balanced(
+    files: list[Path],
+    path: Path,
+    per_domain: int | None = None,
+    rows: int | None = None,
+    domains: list[str] | None = None,
+    columns: tuple[str | None, str] = ("domain", "id"),
+):
+    """The first ``per_domain`` rows of every domain (of ``domains``, default all) of the
+    input ``files``, or ``rows`` rows taken from the domains in turn (each domain's first,
+    then each one's second, ...), sorted by domain and id, written to ``path``; returns the
+    frame. ``columns``: the domain column (None: the first rows) and the id column."""
     import polars as pl
 
-    df = pl.concat([pl.read_parquet(f) for f in spec.input_files()])
-    dom = spec.input.domain_column
-    if dom:
-        per = per_domain or max(1, (rows or df.height) // df[dom].n_unique())
-        df = df.sort(dom, spec.input.id_column).group_by(dom, maintain_order=True).head(per)
-    df = df.head(rows) if rows else df
+    df = pl.concat([pl.read_parquet(f) for f in files])
+    dom, ids = columns
+    if dom is None:
+        df = df.head(rows or df.height)
+    else:
+        df = df.filter(pl.col(dom).is_in(domains)) if domains else df
+        rank = pl.int_range(pl.len()).over(dom).alias("_rank")
+        df = df.sort(dom, ids).with_columns(rank)
+        df = df.filter(pl.col("_rank") < per_domain) if per_domain else df
+        df = df.sort("_rank", dom).head(rows or df.height).drop("_rank").sort(dom, ids)
     df.write_parquet(path)
     return df
 

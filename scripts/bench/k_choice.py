@@ -286,7 +286,8 @@ def main() -> None:
     header()
     with tempfile.TemporaryDirectory(prefix="bench-k-choice-") as name:
         tmp = Path(name)
-        df = balanced(spec, tmp / "in.parquet", rows=args.rows)
+        columns = (spec.input.domain_column, spec.input.id_column)
+        df = balanced(spec.input_files(), tmp / "in.parquet", rows=args.rows, columns=columns)
         counts = dict(sorted(df.group_by(spec.input.domain_column).len().iter_rows()))
         setting = (
             f"{df.height} rows ({' '.join(f'{d}={n}' for d, n in counts.items())}), job "

@@ -4,7 +4,7 @@ figure). Embedded model, the job's dtype (float32), greedy, CPU; docs/benchmarks
 - T1: every tree-engine run token-identical to its plain decoding; that against vLLM's, each
   divergence with vLLM's margin at it (a near-tie within DRIFT_FACTOR x the engines' drift);
 - T3: tokens per verify step of K-node dynamic n-gram trees against K-node chains, replayed
-  from the plain reference (``tree_lib.replay``), one real pass checking the replay;
+  over the plain reference's rows (``tree_lib.Tally``), one real pass checking the replay;
 - T5: output tokens/s of the tree engine at each K against vLLM's chains, ABBA rounds;
 - T4: batch-1 plain decode steps/s x weight bytes against the copy bandwidth.
 
@@ -23,6 +23,10 @@ import time
 
 import tree_lib as tl
 from harness import JOBS, abba, copy_bandwidth, header, ints, options, parser, ratio
+
+from batchspec.engines.tree.ngram import NgramDrafter
+from batchspec.measure.distill_data import Row
+from batchspec.spec.tree import TreeSpec
 
 QUICK = {"rows": 1, "max_tokens": 32, "rounds": 1, "batches": "1", "check_batch": 6}
 QUICK |= {"tree_ks": "0,4", "chain_ks": "3", "t3_nodes": "4,8,16"}
@@ -88,29 +92,41 @@ def t1_reference(b: Bench, batch: int) -> tuple[tl.Run, tl.Run]:
     return ref, vl
 
 
+def shapes(k: int) -> dict[str, dict]:
+    """T3's K-node chain and K-node dynamic tree."""
+    return {"chain": {"branching": [1] * k, "max_depth": k}, "tree": {"max_depth": k}}
+
+
 def t3(b: Bench, ref: tl.Run, nodes: list[int], check_k: int) -> None:
-    """Trees vs chains from the plain reference's tokens (``replay``: exact for greedy rows),
-    then one real pass of each at ``check_k`` to show the replay gives the engine's counts."""
-    doms, max_tokens, lookup = b.smp.domains, b.args.max_tokens, b.lookup
+    """Trees vs chains replayed over the plain reference's greedy rows (``Tally``: exact), per
+    domain; then one real pass of each at ``check_k`` to show the replay gives the engine's
+    counts, row by row."""
+    rows = [Row(r.request.row_id, str(r.request.domain), r.request.prompt_token_ids or [],
+                r.token_ids or []) for r in ref.results]  # fmt: skip
+    doms, max_tokens = [*b.smp.domains, "all"], b.args.max_tokens
     print(f"\nT3 trees vs chains, same n-gram source: mean tokens per verify step = 1 + "
           f"accepted / steps, replayed on {ref.label}'s tokens")  # fmt: skip
-    print(tl.versus_header(doms))
+    print("| K | shape | " + " | ".join(doms) + " |\n" + "|---" * (len(doms) + 2) + "|")
     for k in nodes:
-        shapes = {"chain": {"branching": [1] * k, "max_depth": k}, "tree": {"max_depth": k}}
-        rows = {
-            n: tl.replay_rows(ref.results, max_tokens, k, sh, lookup) for n, sh in shapes.items()
-        }
-        print("\n".join(tl.versus(doms, k, rows["chain"], rows["tree"])), flush=True)
+        tally = tl.Tally()
+        for name, shape in shapes(k).items():
+            for row in rows:
+                tally.add(name, NgramDrafter(*b.lookup), row, k, TreeSpec(**shape), max_tokens)
+            cells = " | ".join(f"{tally.per_step(d, name):.3f}" for d in doms)
+            print(f"| {k} | {name} | {cells} |")
+        gain = [tally.per_step(d, "tree") / tally.per_step(d, "chain") for d in doms]
+        print(f"| {k} | tree / chain | " + " | ".join(f"{x:.3f}" for x in gain) + " |", flush=True)
     print("target: tree / chain >= 1.25 at K=8")
-    for name, shape in (("tree", {"max_depth": check_k}), ("chain", {"branching": [1] * check_k})):
-        shape = {**shape, "max_depth": check_k}
+    for name, shape in shapes(check_k).items():
         real = b.tree(f"T3 {name} K={check_k}", b.args.check_batch, check_k, shape)
-        replayed = tl.replay_rows(ref.results, max_tokens, check_k, shape, lookup)
-        same = sum(
-            tl.counts(x) == tl.counts(y) for x, y in zip(real.results, replayed, strict=True)
-        )
+        same = 0
+        for row, r in zip(rows, real.results, strict=True):
+            drafter, tree = NgramDrafter(*b.lookup), TreeSpec(**shape)
+            got = tl.Tally().add(name, drafter, row, check_k, tree, b.args.max_tokens)
+            engine = (r.spec.steps, r.spec.accepted) if r.spec else None
+            same += engine == (len(got.accepted), sum(got.accepted))
         print(f"  engine {name} K={check_k}: {tl.per_step(real.results):.3f} tokens/step; replay "
-              f"gives the engine's counts on {same}/{len(replayed)} rows", flush=True)  # fmt: skip
+              f"gives the engine's counts on {same}/{len(rows)} rows", flush=True)  # fmt: skip
 
 
 def t5_batch(b: Bench, batch: int) -> dict[str, list[tl.Run]]:

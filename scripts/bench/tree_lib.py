@@ -9,7 +9,7 @@ result back, engine start and shutdown excluded.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from batchspec.engines import open_engine
@@ -17,7 +17,7 @@ from batchspec.measure.verify import build_requests, pick_rows, run_rows
 from batchspec.measure.verify_checks import DRIFT_FACTOR, compare_greedy, drift
 from batchspec.spec import JobSpec
 from batchspec.spec.tree import TreeSpec
-from batchspec.units import RowRequest, RowResult, SpecStats
+from batchspec.units import RowRequest, RowResult
 
 
 @dataclass
@@ -39,15 +39,16 @@ def sample(spec: JobSpec, per_domain: int) -> Sample:
     return Sample(units[0], rows, domains)
 
 
-def variant(spec: JobSpec, batch: int, tree: dict[str, Any] | None) -> JobSpec:
-    """The job at batch size ``batch``, with this tree shape (None: vLLM's chains)."""
+def variant(spec: JobSpec, batch: int, tree: dict[str, Any] | None, **speculative: Any) -> JobSpec:
+    """The job at batch size ``batch``, with this tree shape (None: vLLM's chains) and these
+    ``speculative`` keys, K fixed."""
     shape = TreeSpec(**tree) if tree is not None else None
     engine = "tree" if tree is not None else "vllm"
-    speculative = spec.speculative.model_copy(
-        update={"tree": shape, "engine": engine, "adaptive": False}
-    )
+    update = {"tree": shape, "engine": engine, "adaptive": False, **speculative}
     model = spec.model.model_copy(update={"max_num_seqs": batch})
-    return spec.model_copy(update={"speculative": speculative, "model": model})
+    return spec.model_copy(
+        update={"speculative": spec.speculative.model_copy(update=update), "model": model}
+    )
 
 
 @dataclass
@@ -59,6 +60,8 @@ class Run:
     seconds: float
     build_s: float
     weight_bytes: int | None
+    parts: dict[str, float]
+    """With ``run(split=True)``: seconds spent drafting and verifying."""
 
     @property
     def tokens(self) -> int:
@@ -73,12 +76,17 @@ class Run:
         return [f"{r.request.row_id}: {r.error}" for r in self.results if r.error is not None]
 
 
-def run(label: str, spec: JobSpec, k: int, smp: Sample, logprobs: int | None = None) -> Run:
-    """Start the engine for ``spec`` and K, run the sample once, close the engine."""
+def run(
+    label: str, spec: JobSpec, k: int, smp: Sample, logprobs: int | None = None, split=False
+) -> Run:
+    """Start the engine for ``spec`` and K, run the sample once, close the engine; ``split``:
+    the seconds in its drafter's ``draft`` and its model's ``verify`` kept apart."""
     engine = open_engine(spec, k, logprobs)
     try:
         model = getattr(engine, "model", None)
         weight_bytes = getattr(model, "weight_bytes", None)
+        calls = {"draft": getattr(engine, "drafter", None), "verify": model} if split else {}
+        parts = timed_calls(calls)
         started = time.perf_counter()
         results = run_rows(engine, smp.unit, smp.rows)
         seconds = time.perf_counter() - started
@@ -86,7 +94,27 @@ def run(label: str, spec: JobSpec, k: int, smp: Sample, logprobs: int | None = N
         engine.close()
     by_id = {r.request.row_id: r for r in results}
     ordered = [by_id[r.row_id] for r in smp.rows]
-    return Run(label, ordered, seconds, engine.build_s, weight_bytes)
+    return Run(label, ordered, seconds, engine.build_s, weight_bytes, parts)
+
+
+def timed_calls(calls: dict[str, Any]) -> dict[str, float]:
+    """Seconds spent in each ``obj.name`` from now on (``calls``: name to obj; None: not
+    there), the method wrapped on the object."""
+    spent = dict.fromkeys(calls, 0.0)
+    for name, obj in calls.items():
+        if obj is None:
+            continue
+        fn = getattr(obj, name)
+
+        def timed(*args: Any, _fn: Any = fn, _name: str = name, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return _fn(*args, **kw)
+            finally:
+                spent[_name] += time.perf_counter() - started
+
+        setattr(obj, name, timed)
+    return spent
 
 
 def decode_steps_per_s(results: list[RowResult]) -> float:
@@ -97,73 +125,12 @@ def decode_steps_per_s(results: list[RowResult]) -> float:
     return steps / span if span > 0 else float("nan")
 
 
-def per_step(results: list[RowResult], domain: str | None = None) -> float:
+def per_step(results: list[RowResult]) -> float:
     """Mean tokens a verify step yields: 1 + accepted drafts / steps that verified drafts
-    (the bonus token plus the accepted path), over the rows of ``domain`` (None: all)."""
-    specs = [r.spec for r in results if domain is None or str(r.request.domain) == domain]
-    steps = sum(s.steps for s in specs if s)
-    accepted = sum(s.accepted for s in specs if s)
-    return 1 + accepted / steps if steps else float("nan")
-
-
-def versus(doms: list[str], k: int, chain: list[RowResult], tree: list[RowResult]) -> list[str]:
-    """The table rows of trees against chains of K nodes: tokens per verify step per domain
-    and over all rows for each, then tree / chain (issue 13's T3: >= 1.25 at K=8)."""
-    lines = []
-    for name, rows in (("chain", chain), ("tree", tree)):
-        cells = [f"{per_step(rows, d):.3f}" for d in [*doms, None]]
-        lines.append(f"| {k} | {name} | " + " | ".join(cells) + " |")
-    cells = [f"{per_step(tree, d) / per_step(chain, d):.3f}" for d in doms]
-    total = per_step(tree) / per_step(chain)
-    return [*lines, f"| {k} | tree / chain | " + " | ".join(cells) + f" | **{total:.3f}** |"]
-
-
-def versus_header(doms: list[str]) -> str:
-    return "| K | shape | " + " | ".join(doms) + " | all |\n" + "|---" * (len(doms) + 3) + "|"
-
-
-def replay(
-    prompt: list[int],
-    out: list[int],
-    max_tokens: int,
-    k: int,
-    shape: dict[str, Any],
-    lookup: tuple[int, int],
-) -> SpecStats:
-    """The speculative counts the tree engine makes on a greedy row whose output is ``out``,
-    without the model: the n-gram drafter driven over the row as the engine drives it
-    (``engines.tree.drafting.replay``; exact for greedy rows, whose target choices are ``out``
-    itself, T1's identity). The histogram reaches the deepest accepted path only."""
-    from batchspec.engines.tree.drafting import replay as drive
-    from batchspec.engines.tree.ngram import NgramDrafter
-
-    got = drive(NgramDrafter(*lookup), prompt, out, k, TreeSpec(**shape), max_tokens)
-    deepest = max(got.accepted, default=0)
-    return SpecStats(
-        steps=len(got.accepted),
-        drafted=sum(got.nodes),
-        accepted=sum(got.accepted),
-        histogram=tuple(got.accepted.count(j) for j in range(deepest + 1)),
-        per_step_drafted=tuple(got.depth),
-        per_step_accepted=tuple(got.accepted),
-    )
-
-
-def replay_rows(
-    ref: list[RowResult], max_tokens: int, k: int, shape: dict[str, Any], lookup: tuple[int, int]
-) -> list[RowResult]:
-    """The reference rows with the speculative counts ``replay`` gives them at K and shape."""
-    out = []
-    for r in ref:
-        prompt = r.request.prompt_token_ids or []
-        spec = replay(prompt, r.token_ids or [], max_tokens, k, shape, lookup)
-        out.append(replace(r, spec=spec))
-    return out
-
-
-def counts(r: RowResult) -> tuple[int, int] | None:
-    """A row's (verify steps with drafts, accepted drafts)."""
-    return (r.spec.steps, r.spec.accepted) if r.spec else None
+    (the bonus token plus the accepted path)."""
+    specs = [r.spec for r in results if r.spec]
+    steps = sum(s.steps for s in specs)
+    return 1 + sum(s.accepted for s in specs) / steps if steps else float("nan")
 
 
 def identical(ref: list[RowResult], other: list[RowResult]) -> tuple[int, list[Any]]:
@@ -233,19 +200,24 @@ class Tally:
     def __init__(self) -> None:
         self.sums: dict[tuple[str, str], list[float]] = {}
 
-    def add(self, name: str, drafter: Any, row: Any, k: int, shape: Any) -> None:
+    def add(
+        self, name: str, drafter: Any, row: Any, k: int, shape: Any, max_tokens: int = 0
+    ) -> Any:
+        """``drafter`` replayed over ``row`` (its ``prompt``, ``output`` and ``domain``), added
+        up; the replay returned. ``max_tokens``: the row's budget as it ran (0: its length + 1,
+        a row that stopped by itself)."""
         from batchspec.engines.tree.drafting import replay as drive
 
         started = time.perf_counter()
-        got = drive(
-            drafter, row.prompt, row.output, k, shape, len(row.output) + 1, domain=row.domain
-        )
+        budget = max_tokens or len(row.output) + 1
+        got = drive(drafter, row.prompt, row.output, k, shape, budget, domain=row.domain)
         took = time.perf_counter() - started
         tokens = len(row.output) - 1
         for key in ((str(row.domain), name), ("all", name)):
             s = self.sums.setdefault(key, [0, 0, 0, 0.0])
             for i, v in enumerate((tokens, tokens - sum(got.accepted), len(got.accepted), took)):
                 s[i] += v
+        return got
 
     def per_forward(self, domain: str, name: str) -> float:
         """Tokens per target forward: what speculation saves, whatever the drafter's hit rate."""

@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch: see engines/tree/model.py
 
 import torch
-from harness import ROOT, abba, header, ints, options, parser, ratio
+from harness import ROOT, abba, header, ints, options, parser, ratio, timed
 
 from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.model import TreeModel
@@ -38,17 +37,6 @@ def chain(n: int, at: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tokens, positions, mask
 
 
-def seconds(fn: Callable[[], object], reps: int) -> float:
-    """The median wall time of ``reps`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def verify_costs(model: TreeModel, nodes: list[int], rounds: int, reps: int) -> dict:
     """Plain-step and verify seconds per node count, ABBA; the cache is left as it was."""
     at = model.cache_len[0]
@@ -59,7 +47,7 @@ def verify_costs(model: TreeModel, nodes: list[int], rounds: int, reps: int) -> 
         runs = {"plain": plain, "verify": args}
 
         def run(config: str, _round: int, runs: dict = runs) -> float:
-            return seconds(lambda: model.verify([0], *runs[config]), reps)
+            return timed(lambda: model.verify([0], *runs[config]), reps)
 
         got = abba(list(runs), rounds, run, lambda _c, s: f"{s * 1e3:.1f} ms")
         out[n] = got

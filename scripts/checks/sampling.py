@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import ROOT, cli, flags, job_file, verify
+from harness import PLANTED, PROMPTS, balanced, cli, flags, job_file, options, parser, verify
 
 SAMPLING = {
     "n": 4,
@@ -35,19 +35,7 @@ ENGINES = {
     "vllm": ("synth_data.yaml", {"method": "ngram", "num_speculative_tokens": 3}),
     "tree": ("synth_tree.yaml", {"method": "ngram", "num_speculative_tokens": 4}),
 }
-BIAS = {"BATCHSPEC_INJECT_ACCEPT_ALL": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 TOLERANCE = 1e-4
-
-
-def balanced_input(path: Path, rows: int, domains: list[str] | None = None) -> Path:
-    """``rows`` prompts of the default set's ``domains`` (default: all), the first rows of each
-    in turn: chat alone (``--limit``'s first rows) drafts little under penalties."""
-    prompts = pl.read_parquet(ROOT / "jobs" / "data" / "prompts.parquet")
-    if domains:
-        prompts = prompts.filter(pl.col("domain").is_in(domains))
-    ranked = prompts.with_columns(pl.int_range(pl.len()).over("domain").alias("_rank"))
-    ranked.sort("_rank", "domain").head(rows).drop("_rank").write_parquet(path)
-    return path
 
 
 def write_job(tmp: Path, engine: str, name: str, data: str, k: int | None, **sampling) -> Path:
@@ -130,41 +118,27 @@ def check_verify(tmp: Path, engine: str, mode: str, planted: bool, args) -> str:
     rows = args.sampled_rows if sampled else args.rows
     options = flags(rows=rows, samples=args.samples, tokens=args.tokens)
     options += ["--set", f"sampling.max_tokens={args.max_tokens}"]
-    env = BIAS if planted else None
+    env = PLANTED if planted else None
     _, line = verify(job, tmp / name, *options, env=env, expected=int(planted))
     return f"{name}: {line}"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add = ap.add_argument
-    add("--only", choices=sorted(ENGINES), help="one engine")
-    add("--rows", type=int, default=12, help="prompts (x n=4 rows), all domains")
-    add("--sampled-rows", type=int, default=3, help="prompts sampled by verify")
-    add(
-        "--sampled-domains",
-        default="translation,summarization,code",
-        help="domains verify samples (penalties keep n-gram drafts off the first tokens of "
-        "chat and math prompts: a planted bias there goes unseen)",
-    )
-    add(
-        "--sampled-lookup-min",
-        type=int,
-        default=1,
-        help="prompt_lookup_min of the sampled verify jobs (vLLM's job has 2)",
-    )
-    add("--samples", type=int, default=200)
-    add("--tokens", type=int, default=4)
-    add("--max-tokens", type=int, default=32)
-    add("--skip-verify", action="store_true")
-    add("--skip-rows", action="store_true")
-    add("--modes", default="greedy,sampled", help="verify's modes")
+    # --only: one engine; --rows: prompts (x n=4 rows) of every domain; --sampled-rows: the
+    # prompts verify samples, of --sampled-domains (penalties keep n-gram drafts off the first
+    # tokens of chat and math prompts: a planted bias there goes unseen);
+    # --sampled-lookup-min: the sampled verify jobs' prompt_lookup_min (vLLM's job has 2).
+    ap = parser(__doc__, rows=12, sampled_rows=3, samples=200, tokens=4, max_tokens=32)
+    options(ap, sampled_domains="translation,summarization,code", sampled_lookup_min=1)
+    options(ap, modes="greedy,sampled", skip_verify=False, skip_rows=False)
+    ap.add_argument("--only", choices=sorted(ENGINES))
     args = ap.parse_args()
     print(f"sampling: {json.dumps(SAMPLING)}, float32, max_tokens {args.max_tokens}", flush=True)
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        balanced_input(tmp / "input.parquet", args.rows)
-        balanced_input(tmp / "sampled.parquet", args.sampled_rows, args.sampled_domains.split(","))
+        balanced([PROMPTS], tmp / "input.parquet", rows=args.rows)
+        domains = args.sampled_domains.split(",")
+        balanced([PROMPTS], tmp / "sampled.parquet", rows=args.sampled_rows, domains=domains)
         for engine in [args.only] if args.only else list(ENGINES):
             for k_top in () if args.skip_rows else (1, 20):
                 print(compare_rows(tmp, engine, k_top, args), flush=True)

@@ -12,37 +12,30 @@ float32 (vLLM 0.32 in one process fails an engine start after one of another dty
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import flags, job_file, verify
+from harness import PLANTED, flags, job_file, options, parser, verify
 
 DRAFT = {"method": "draft_model", "model": "builtin:smollm2-135m-instruct"}
-BIAS = {"BATCHSPEC_INJECT_ACCEPT_ALL": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 CONFIGS = [
     ("ngram greedy bf16", {}, 0.0, "bfloat16", None),
     ("ngram sampled", {}, 1.0, "bfloat16", None),
     ("draft greedy bf16", DRAFT, 0.0, "bfloat16", None),
     ("draft sampled", DRAFT, 1.0, "bfloat16", None),
-    ("ngram greedy planted", {}, 0.0, "float32", BIAS),
-    ("ngram sampled planted", {}, 1.0, "float32", BIAS),
+    ("ngram greedy planted", {}, 0.0, "float32", PLANTED),
+    ("ngram sampled planted", {}, 1.0, "float32", PLANTED),
 ]
 """(name, speculative keys, temperature, dtype, environment of the planted bias or None)."""
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=24, help="greedy rows compared")
-    ap.add_argument("--sampled-rows", type=int, default=3, help="prompts sampled")
-    ap.add_argument("--samples", type=int, default=200)
-    ap.add_argument("--tokens", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=64, help="greedy rows' length")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--only", help="configurations whose name starts with this")
-    args = ap.parse_args()
+    # --rows: greedy rows compared; --sampled-rows: prompts sampled; --max-tokens: the greedy
+    # rows' length; --batch: max_num_seqs; --only: the configurations whose name starts so.
+    ap = parser(__doc__, rows=24, sampled_rows=3, samples=200, tokens=4, max_tokens=64, batch=32)
+    args = options(ap, only=None).parse_args()
     with tempfile.TemporaryDirectory() as name:
         for config, spec, temperature, dtype, env in CONFIGS:
             if args.only and not config.startswith(args.only):
@@ -54,8 +47,8 @@ def main() -> None:
                 tmp.with_suffix(".yaml"), speculative=spec, model=model, sampling=sampling
             )
             rows = args.rows if temperature == 0 else args.sampled_rows
-            options = flags(rows=rows, samples=args.samples, tokens=args.tokens)
-            _, line = verify(job, tmp, *options, env=env, expected=int(env is not None))
+            extra = flags(rows=rows, samples=args.samples, tokens=args.tokens)
+            _, line = verify(job, tmp, *extra, env=env, expected=int(env is not None))
             print(f"{config:24s} {line}", flush=True)
 
 

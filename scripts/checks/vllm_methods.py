@@ -27,11 +27,9 @@ from pathlib import Path
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import ROOT, check_line, cli, job_file, verify
+from harness import PLANTED, PROMPTS, balanced, check_line, cli, job_file, parser, verify
 
-PROMPTS = ROOT / "jobs" / "data" / "prompts.parquet"
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-PLANTED = IN_PROCESS | {"BATCHSPEC_INJECT_ACCEPT_ALL": "1"}
 DRAFT = "builtin:smollm2-135m-draft"
 METHODS = ["none", "ngram", "draft_model", "eagle3", "suffix", "eagle", "mtp"]
 """``none``: the K=0 baseline of the runs' tokens/s (nothing to verify)."""
@@ -40,10 +38,12 @@ SAMPLED_TOKENS = {"eagle3": "4"}
 "Maria" was accepted in none of 150 samples, so it is given three speculative positions."""
 
 
-def write_job(path: Path, ids: list[str], speculative: dict, **changes: dict) -> Path:
-    """The default job over the prompts ``ids``, K=3 fixed, with ``changes`` per section. The
-    default job's n-gram bounds stay (vLLM's own defaults, 5..5, match far less)."""
-    pl.read_parquet(PROMPTS).filter(pl.col("id").is_in(ids)).write_parquet(path.with_suffix(".pq"))
+def write_job(path: Path, speculative: dict, per_domain: int = 1, **changes: dict) -> Path:
+    """The default job over the first ``per_domain`` prompts of each domain (``domains`` in
+    ``changes``: of those alone), K=3 fixed, with ``changes`` per section. The default job's
+    n-gram bounds stay (vLLM's own defaults, 5..5, match far less)."""
+    domains = changes.pop("domains", None)
+    balanced([PROMPTS], path.with_suffix(".pq"), per_domain=per_domain, domains=domains)
     sections = {
         "input": {"path": str(path.with_suffix(".pq"))},
         "output": {"dir": str(path.parent / f"{path.stem}-out"), "unit_rows": 64},
@@ -53,16 +53,9 @@ def write_job(path: Path, ids: list[str], speculative: dict, **changes: dict) ->
     return job_file(path, **sections, **changes)
 
 
-def first_ids(per_domain: int) -> list[str]:
-    df = pl.read_parquet(PROMPTS).group_by("domain", maintain_order=True).head(per_domain)
-    return df["id"].to_list()
-
-
 def make_head(work: Path) -> str:
     """An EAGLE-3 head distilled from a run of 24 rows (the first four of each domain)."""
-    job = write_job(
-        work / "head.yaml", first_ids(4), {"method": "ngram"}, sampling={"max_tokens": 32}
-    )
+    job = write_job(work / "head.yaml", {"method": "ngram"}, 4, sampling={"max_tokens": 32})
     for args in (["run", str(job)], ["distill", str(job), "--holdout", "0", "--epochs", "3"]):
         proc, took = cli(*args, env=IN_PROCESS)
         print(f"head: batchspec {args[0]} exit {proc.returncode} in {took:.0f} s", flush=True)
@@ -115,7 +108,7 @@ def verify_figures(job: Path, planted: bool, *args: str) -> str:
 
 
 def validate_only(work: Path, method: str, speculative: dict) -> str:
-    job = write_job(work / f"{method}.yaml", first_ids(1), speculative)
+    job = write_job(work / f"{method}.yaml", speculative)
     proc, _ = cli("validate", str(job))
     return (
         f"validate exit {proc.returncode}: {(proc.stderr.strip() or proc.stdout).splitlines()[-1]}"
@@ -128,20 +121,15 @@ def method_row(work: Path, method: str, speculative: dict, args: argparse.Namesp
         return f"| {method} | {validate_only(work, method, speculative)} |"
     adaptive = {"adaptive": True} if args.adaptive and method != "none" else {}
     run_job = write_job(
-        work / f"{method}-run.yaml",
-        first_ids(2),
-        speculative | adaptive,
-        sampling={"max_tokens": 64},
+        work / f"{method}-run.yaml", speculative | adaptive, 2, sampling={"max_tokens": 64}
     )
     cells = [run_figures(run_job)]
     if method != "none" and not args.runs_only:
-        greedy = write_job(
-            work / f"{method}-greedy.yaml", first_ids(1), speculative, sampling={"max_tokens": 32}
-        )
+        greedy = write_job(work / f"{method}-greedy.yaml", speculative, sampling={"max_tokens": 32})
         sampled = write_job(
             work / f"{method}-sampled.yaml",
-            ["math-0001"],
             speculative,
+            domains=["math"],
             model={"max_num_seqs": 32},
             sampling={"max_tokens": 32, "temperature": 1.0},
         )
@@ -156,12 +144,11 @@ def method_row(work: Path, method: str, speculative: dict, args: argparse.Namesp
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # --only: comma-separated methods (default: all); --head: an EAGLE-3 head (a batchspec
+    # distill output), else one is made; --runs-only: the runs alone, no verify; --adaptive:
+    # the runs with the K controller.
+    ap = parser(__doc__, only=None, head=None, runs_only=False, adaptive=False)
     ap.add_argument("--work", type=Path, required=True, help="a new directory for the runs")
-    ap.add_argument("--only", help="comma-separated methods (default: all)")
-    ap.add_argument("--head", help="an EAGLE-3 head (batchspec distill); else one is made")
-    ap.add_argument("--runs-only", action="store_true", help="the runs alone, no verify")
-    ap.add_argument("--adaptive", action="store_true", help="runs with the K controller")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     methods = args.only.split(",") if args.only else METHODS

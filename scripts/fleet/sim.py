@@ -34,6 +34,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from harness import options, parser
 from ops import OpCounter
 from standins import SWITCHES, plan, scale_periods
 from worker import SimWorker
@@ -274,35 +276,17 @@ def config(args: argparse.Namespace, workers: int, out: Path) -> dict:
 
 
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add = ap.add_argument
-    add("--workers", type=int, default=256)
-    add("--table", action="store_true", help="16, 64, 256 and 1,000 workers")
-    add("--units-per-worker", type=int, default=8)
-    add("--rows", type=int, default=4, help="rows per unit")
-    add("--unit-s", type=float, default=120.0, help="simulated seconds per unit")
-    add("--depth", type=int, default=2, help="units an engine holds at once")
-    add("--speed", type=float, default=0.0, help="time compression (0: auto)")
-    add("--kills", type=int, default=-1, help="workers killed (default W/64)")
-    add("--procs", type=int, default=4, help="processes hosting the workers")
-    add("--kill-at", type=float, default=0.0, help="simulated s (default: halfway)")
-    add(
-        "--slow",
-        type=float,
-        default=1.0,
-        help="worker 0's units take this many times longer; "
-        "it is the one killed (a death while the others linger)",
-    )
-    add("--max-s", type=float, default=900.0, help="wall-clock cap per fleet")
-    add("--out", type=Path, default=None, help="output directory (default: temp)")
-    add("--json", type=Path, default=None, help="write the results here")
-    add(
-        "--off",
-        type=lambda v: [x for x in v.split(",") if x],
-        default=[],
-        help=f"mechanisms switched off: {','.join(SWITCHES)}",
-    )
-    args = ap.parse_args()
+    """--table: 16, 64, 256 and 1,000 workers; --rows: rows per unit; --unit-s: simulated
+    seconds per unit; --depth: units an engine holds at once; --speed: time compression (0:
+    auto); --kills: workers killed (-1: W/64); --procs: processes hosting the workers;
+    --kill-at: simulated seconds (0: halfway); --slow: worker 0's units take this many times
+    longer, and it is the one killed (a death while the others linger); --max-s: wall-clock
+    cap per fleet; --out: output directory (default: temp); --json: the results written
+    there; --off: mechanisms switched off, comma-separated (``SWITCHES``)."""
+    ap = parser(__doc__, workers=256, table=False, units_per_worker=8, rows=4, unit_s=120.0)
+    options(ap, depth=2, speed=0.0, kills=-1, procs=4, kill_at=0.0, slow=1.0, max_s=900.0)
+    args = options(ap, out=None, json=None, off="").parse_args()
+    args.off = [x for x in args.off.split(",") if x]
     if unknown := set(args.off) - set(SWITCHES):
         ap.error(f"--off: unknown mechanism {sorted(unknown)} (one of {', '.join(SWITCHES)})")
     return args
@@ -310,14 +294,14 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    base = args.out or Path(tempfile.mkdtemp(prefix="sim-fleet-"))
+    base = Path(args.out or tempfile.mkdtemp(prefix="sim-fleet-"))
     print(HEADER, flush=True)
     results = []
     for w in [16, 64, 256, 1000] if args.table else [args.workers]:
         results.append(simulate(config(args, w, base / f"w{w}")))
         print("\n".join(lines(results[-1])), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps(results, indent=1))
     if args.out is None:
         shutil.rmtree(base, ignore_errors=True)
     r = results[-1]
