@@ -22,15 +22,14 @@ import math
 import statistics
 from pathlib import Path
 
-from harness import JOBS, cli, header, ints, options, parser
+from harness import JOBS, cli, flags, header, ints, options, parser
 
 
 def distill(args: argparse.Namespace, rows: int) -> dict:
     """One distill at ``rows`` training rows (its own head directory); its record."""
     name = f"curve-{rows}-e{args.epochs}"
-    flags = {"--output": args.output, "--name": name, "--train-rows": rows,
-             "--epochs": args.epochs, "--vocab": args.vocab}  # fmt: skip
-    _, took = cli("distill", args.job, *(str(x) for kv in flags.items() for x in kv), check=True)
+    sizes = flags(train_rows=rows, epochs=args.epochs, vocab=args.vocab)
+    _, took = cli("distill", args.job, *flags(output=args.output, name=name), *sizes, check=True)
     record = json.loads((args.output / "drafts" / name / "record.json").read_text())
     record["wall_s"] = took
     return record
@@ -74,21 +73,13 @@ def main() -> None:
     if len(points) >= 2:
         xs = [math.log10(t) for _, t, _ in points]
         ys = [y for _, _, y in points]
-        slope, icpt = _fit(xs, ys)
+        slope, icpt = statistics.linear_regression(xs, ys)  # least squares
         job_tokens = statistics.fmean(p for p, _, _ in points) * args.rows_per_job
         print(
             f"fit: head tokens per step at 8 nodes = {icpt:.2f} + {slope:.3f} * log10(train "
             f"tokens); at {args.rows_per_job:,} rows ({job_tokens:.2g} tokens): "
             f"{icpt + slope * math.log10(job_tokens):.2f} (an extrapolation)"
         )
-
-
-def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares line through the points: (slope, intercept)."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    slope /= sum((x - mx) ** 2 for x in xs) or 1.0
-    return slope, my - slope * mx
 
 
 if __name__ == "__main__":

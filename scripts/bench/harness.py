@@ -281,10 +281,11 @@ def check_line(c: dict) -> str:
     """One check of a verify report as the checks print it: greedy rows identical, near-ties
     and failures; or the sampled two-sample tests and the distance they could detect."""
     if c["check"] == "greedy":
+        drift = "n/a" if c["max_drift"] is None else f"{c['max_drift']:.2e}"
         return (
             f"{c['dtype']}: {c['rows']} rows, {c['identical']} identical, {c['near_ties']} "
             f"near-ties, {c['failures']} failures, margins {c['min_margin']}.."
-            f"{c['max_margin']}, max drift {c['max_drift']}"
+            f"{c['max_margin']}, max drift {drift}"
         )
     return (
         f"{c['prompts']} prompts x {c['positions']} positions, {c['tests']} tests, "

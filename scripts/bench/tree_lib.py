@@ -12,9 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from harness import check_line
+
 from batchspec.engines import open_engine
 from batchspec.measure.verify import build_requests, pick_rows, run_rows
-from batchspec.measure.verify_checks import DRIFT_FACTOR, compare_greedy, drift
+from batchspec.measure.verify_checks import greedy_check
 from batchspec.spec import JobSpec
 from batchspec.spec.tree import TreeSpec
 from batchspec.units import RowRequest, RowResult
@@ -145,37 +147,22 @@ def identical(ref: list[RowResult], other: list[RowResult]) -> tuple[int, list[A
 
 
 def explain(vllm_plain: list[RowResult], tree_plain: list[RowResult]) -> list[str]:
-    """vLLM's plain greedy rows against the tree engine's, both with top logprobs: the count of
-    identical rows, then every divergence with vLLM's margin at its first differing position
-    (logprob of vLLM's token minus the tree engine's) against the drift the two engines showed
-    on agreed tokens; a margin within DRIFT_FACTOR x the largest drift is a near-tie."""
-    drifts = [drift(p, s) for p, s in zip(vllm_plain, tree_plain, strict=True)]
-    threshold = DRIFT_FACTOR * max(drifts, default=0.0)
-    lines, same = [], 0
-    for p, s in zip(vllm_plain, tree_plain, strict=True):
-        div = compare_greedy(p, s, threshold)
-        if div is None:
-            same += 1
-            continue
-        margin = (
-            f"{div.margin:.4f}"
-            if div.margin is not None
-            else f">= {div.margin_bound:.3f} (not in vLLM's top 5)"
-            if div.margin_bound is not None
-            else "n/a"
-        )
+    """vLLM's plain greedy rows against the tree engine's, both with top logprobs, as ``verify``
+    compares greedy rows (``greedy_check``): the identical rows, then every divergence with
+    vLLM's margin at its first differing position (logprob of vLLM's token minus the tree
+    engine's) against the drift the engines showed on agreed tokens; a margin within
+    DRIFT_FACTOR x the largest drift is a near-tie (in float32 too: two engines' arithmetic)."""
+    check = greedy_check("vLLM plain vs tree engine plain", vllm_plain, tree_plain, None)
+    lines = [f"  {check_line(check.summary())} (target: >= 95% of rows identical)"]
+    for d in check.divergences:
+        bound = f">= {d.margin_bound:.3f} (not in vLLM's top 5)" if d.margin_bound else "n/a"
+        margin = f"{d.margin:.4f}" if d.margin is not None else bound
         lines.append(
-            f"    {div.row_id}: first differs at token {div.position} (vLLM {div.plain_token}, "
-            f"tree {div.spec_token}); vLLM margin {margin} nats, drift before it "
-            f"{div.drift:.2e} -> {'near-tie' if div.near_tie else 'NOT a near-tie'}"
+            f"    {d.row_id}: first differs at token {d.position} (vLLM {d.plain_token}, tree "
+            f"{d.spec_token}); vLLM margin {margin} nats, drift before it {d.drift:.2e} -> "
+            f"{'near-tie' if d.near_tie else 'NOT a near-tie'}"
         )
-    share = same / len(vllm_plain) if vllm_plain else float("nan")
-    head = (
-        f"  vLLM plain vs tree engine plain: identical {same}/{len(vllm_plain)} "
-        f"({100 * share:.1f}%, target >= 95%); largest logprob drift on agreed tokens "
-        f"{max(drifts, default=0.0):.2e}, near-tie threshold {threshold:.2e} nats"
-    )
-    return [head, *lines]
+    return lines
 
 
 def committed(job: str, output: str, holdout: float, sets: list[str] = ()) -> tuple:

@@ -30,43 +30,21 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import random
 import re
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from build import CHAT_SCHEMA
+from build import CHAT_SCHEMA, DOMAINS, prompts
 
 SOURCE = "long-v1"
-SHORT_DOMAINS = ("chat", "code", "math", "qa", "summarization", "translation")
 LONG_ROWS = 60
 """Rows per long domain: one per default ``qa`` prompt (60), as many summaries."""
-MODULES = (
-    "base64",
-    "configparser",
-    "dataclasses",
-    "difflib",
-    "email.utils",
-    "fileinput",
-    "hashlib",
-    "inspect",
-    "json",
-    "locale",
-    "logging",
-    "os",
-    "os.path",
-    "re",
-    "shelve",
-    "shutil",
-    "socketserver",
-    "statistics",
-    "subprocess",
-    "tempfile",
-    "urllib.parse",
-    "uuid",
-)
+MODULES = ("base64", "configparser", "dataclasses", "difflib", "email.utils", "fileinput",
+           "hashlib", "inspect", "json", "locale", "logging", "os", "os.path", "re", "shelve",
+           "shutil", "socketserver", "statistics", "subprocess", "tempfile", "urllib.parse",
+           "uuid")  # fmt: skip
 """Standard-library modules whose documentation serves as long text (each has more than 750
 tokens of docstrings)."""
 DIGEST_ASKS = (
@@ -199,25 +177,27 @@ def _row(history: list[dict[str, str]], user: str, rid: str, domain: str) -> dic
     return {"id": rid, "domain": domain, "prompt": user, "messages": messages, "source": SOURCE}
 
 
-def build(jsonl: Path, short: int, tokens: int) -> pa.Table:
-    """The long-context set: ``short`` default rows per short domain, then the long ones."""
+def tokenizer() -> Any:
+    """The embedded model's tokenizer: what token counts are counted in."""
     from batchspec.models import load_tokenizer, resolve_model
 
-    tokenizer = load_tokenizer(resolve_model("builtin:smollm2-135m-instruct", "model"), "model")
-    filler = Filler(tokenizer)
-    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    return load_tokenizer(resolve_model("builtin:smollm2-135m-instruct", "model"), "model")
+
+
+def build(jsonl: Path, short: int, tokens: int) -> pa.Table:
+    """The long-context set: ``short`` default rows per short domain, then the long ones."""
+    filler = Filler(tokenizer())
+    rows = prompts(jsonl).to_pylist()  # the default set, checked, by id
     out = []
-    for domain in SHORT_DOMAINS:
-        mine = sorted((r for r in rows if r["domain"] == domain), key=lambda r: r["id"])[:short]
-        prompt = lambda r: r["messages"][-1]["content"]  # noqa: E731
-        out += [{**r, "prompt": prompt(r), "source": "authored-v1"} for r in mine]
+    for domain in DOMAINS:  # the first ``short`` of each, unchanged
+        out += [r for r in rows if r["domain"] == domain][:short]
     pool = passages(rows)
     docs = {m: module_docs(m) for m in MODULES}
     # Whole function docs (signature and docstring) of moderate length as retrieval documents.
     doc_pool = [
         p for m in MODULES for p in docs[m] if p.startswith(f"{m}.") and 40 <= len(p.split()) <= 160
     ]
-    qa_rows = sorted((r for r in rows if r["domain"] == "qa"), key=lambda r: r["id"])
+    qa_rows = [r for r in rows if r["domain"] == "qa"]
     for n, row in enumerate(qa_rows[:LONG_ROWS], 1):
         out.append(long_qa(row, n, pool + doc_pool, filler, tokens))
     for n in range(1, LONG_ROWS + 1):
@@ -228,12 +208,10 @@ def build(jsonl: Path, short: int, tokens: int) -> pa.Table:
 
 def describe(table: pa.Table) -> str:
     """Rows per domain and the long rows' prompt lengths in tokens (min/median/max)."""
-    from batchspec.models import load_tokenizer, resolve_model
-
-    tokenizer = load_tokenizer(resolve_model("builtin:smollm2-135m-instruct", "model"), "model")
+    count = tokenizer()
     lengths: dict[str, list[int]] = {}
     for d, p in zip(table["domain"].to_pylist(), table["prompt"].to_pylist(), strict=True):
-        lengths.setdefault(d, []).append(len(tokenizer(p, add_special_tokens=False)["input_ids"]))
+        lengths.setdefault(d, []).append(len(count(p, add_special_tokens=False)["input_ids"]))
     lines = []
     for d, ls in sorted(lengths.items()):
         ls.sort()
