@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from harness import JOBS, abba, header, ints, options, parser, timed
-from tree_lib import Run, Sample, Tally, committed, per_step, run, variant
+from tree_lib import Run, Sample, Tally, committed, differ, per_step, run, variant
 
 from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch
 from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures
@@ -140,8 +140,7 @@ def d2(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
             return got
 
         def show(label: str, r: Run, batch=batch, ref=ref) -> str:
-            same = sum(x.token_ids == y.token_ids
-                       for x, y in zip(ref[0].results, r.results, strict=True))  # fmt: skip
+            same = len(r.results) - len(differ(ref[0].results, r.results))
             split_s = ", ".join(f"{p} {v:.1f} s" for p, v in r.parts.items())
             return (
                 f"batch {batch:>2} {r.rate:7.1f} tok/s  {per_step(r.results):.2f} tokens/step"

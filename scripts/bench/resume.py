@@ -29,6 +29,7 @@ import psutil
 import pyarrow.parquet as pq
 from harness import ROOT, cli, job_file, parser
 
+from batchspec.io.layout import OutDir
 from batchspec.spec.file import load_spec
 
 DEATH_S = 30.0
@@ -58,21 +59,14 @@ class Trial:
     """Their command lines (what to look at when one survives)."""
 
 
-def committed(out: Path) -> int:
-    """Units committed in an output directory."""
-    parts = out / "parts"
-    return len(list(parts.glob("*.parquet"))) if parts.is_dir() else 0
-
-
-def _lost_work(out: Path, since: float) -> tuple[int, int]:
+def _lost_work(out: OutDir, since: float) -> tuple[int, int]:
     """Finished-but-uncommitted rows and open units of workers that wrote progress since."""
     rows = units = 0
-    for path in (out / "leases").glob("*.progress.json"):
+    for path in out.progress_files():
         if path.stat().st_mtime < since:
             continue
-        data = json.loads(path.read_text())
-        for unit_id, finished in data["units"].items():
-            if not (out / "parts" / f"{unit_id}.parquet").exists():
+        for unit_id, finished in json.loads(path.read_text())["units"].items():
+            if not out.is_committed(unit_id):
                 rows += finished
                 units += 1
     return rows, units
@@ -89,7 +83,7 @@ def _start(job: Path, workers: int) -> subprocess.Popen:
 
 def kill_trials(
     job: Path,
-    out: Path,
+    out: OutDir,
     trials: int,
     seed: int,
     workers: int = 1,
@@ -101,7 +95,7 @@ def kill_trials(
     rng = random.Random(seed)
     results = []
     for _ in range(trials):
-        before = committed(out)
+        before = len(out.committed_units())
         started = time.time()
         proc = _start(job, workers)
         if rng.random() < startup_share:
@@ -109,14 +103,15 @@ def kill_trials(
             time.sleep(delay)
         else:
             when, delay = "generating", rng.uniform(0.0, 3.0)
-            while committed(out) == before and proc.poll() is None:
+            while len(out.committed_units()) == before and proc.poll() is None:
                 time.sleep(0.1)
             time.sleep(delay)
         if proc.poll() is not None:
             break  # finished the job before the kill: nothing left to interrupt
         engines, survivors = _kill(proc, alone)
         rows, units = _lost_work(out, started)
-        trial = Trial(when, delay, before, committed(out), rows, units, engines, len(survivors))
+        after = len(out.committed_units())
+        trial = Trial(when, delay, before, after, rows, units, engines, len(survivors))
         trial.survivor_names = survivors
         results.append(trial)
     return results
@@ -195,19 +190,19 @@ def main() -> None:
         tmp = Path(name)
         job = args.job or write_job(tmp, args.rows, args.unit_rows, args.max_tokens)
         spec = load_spec(job)
-        out = spec.output_dir
+        out = OutDir(spec.output_dir)
         alone = args.kill == "alone"
         trials = kill_trials(job, out, args.trials, args.seed, args.workers, alone=alone)
         checked = ""
         if not args.no_finish:  # the user's last run, then export's check of every id
             cli("run", str(job), "--no-progress", check=True)
-            done, _ = cli("export", str(out), "--to", str(tmp / "export"), check=True)
+            done, _ = cli("export", str(out.root), "--to", str(tmp / "export"), check=True)
             checked = done.stdout.strip()
         if args.json:
             print(json.dumps([asdict(t) for t in trials]))
             return
         unit_rows = spec.output.unit_rows
-        print(f"{len(trials)} kills, {args.workers} worker(s), unit_rows {unit_rows}: {out}")
+        print(f"{len(trials)} kills, {args.workers} worker(s), unit_rows {unit_rows}: {out.root}")
         if checked:
             print(f"checked: {checked}")
         report(trials, unit_rows, args.workers, alone)

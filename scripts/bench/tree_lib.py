@@ -1,5 +1,6 @@
-"""Helpers of ``tree.py``: the prompt sample, job variants, one timed engine run, and
-the figures drawn from its rows (tokens/s, accepted tokens per verify step, greedy identity).
+"""What the tree engine's benchmarks share (``tree.py``, ``distill.py``, ``suffix.py``,
+``step_profile.py``): the prompt sample, job variants, one timed engine run, the figures drawn
+from its rows (tokens/s, tokens per verify step, greedy identity), drafters replayed (``Tally``).
 
 Everything runs through ``open_engine`` and ``Engine.run``, the calls the worker makes, so the
 tree engine and vLLM are timed the same way: from the first unit handed over to the last
@@ -74,9 +75,6 @@ class Run:
         """Output tokens/s, prefill included, engine start excluded."""
         return self.tokens / self.seconds
 
-    def errors(self) -> list[str]:
-        return [f"{r.request.row_id}: {r.error}" for r in self.results if r.error is not None]
-
 
 def run(
     label: str, spec: JobSpec, k: int, smp: Sample, logprobs: int | None = None, split=False
@@ -96,6 +94,8 @@ def run(
         engine.close()
     by_id = {r.request.row_id: r for r in results}
     ordered = [by_id[r.row_id] for r in smp.rows]
+    if errors := [f"{r.request.row_id}: {r.error}" for r in ordered if r.error is not None]:
+        print(f"  {label}: ERROR rows: {errors[:3]}", flush=True)
     return Run(label, ordered, seconds, engine.build_s, weight_bytes, parts)
 
 
@@ -135,15 +135,10 @@ def per_step(results: list[RowResult]) -> float:
     return 1 + sum(s.accepted for s in specs) / steps if steps else float("nan")
 
 
-def identical(ref: list[RowResult], other: list[RowResult]) -> tuple[int, list[Any]]:
-    """Rows with the same token ids in both runs, and the ids of those that differ."""
-    same, differ = 0, []
-    for a, b in zip(ref, other, strict=True):
-        if a.token_ids == b.token_ids and a.error is None and b.error is None:
-            same += 1
-        else:
-            differ.append(a.request.row_id)
-    return same, differ
+def differ(ref: list[RowResult], other: list[RowResult]) -> list[Any]:
+    """The ids of the rows whose tokens differ between two runs (or that failed in either)."""
+    pairs = zip(ref, other, strict=True)
+    return [a.request.row_id for a, b in pairs if a.token_ids != b.token_ids or a.error or b.error]
 
 
 def explain(vllm_plain: list[RowResult], tree_plain: list[RowResult]) -> list[str]:
