@@ -127,14 +127,14 @@ def copy_bandwidth(device: str = "cpu", floats: int = 1 << 28, reps: int = 10) -
     import torch
 
     src = torch.rand(floats, device=device)
-    dst, best = torch.empty_like(src), float("inf")
-    for _ in range(reps):
-        sync(device)
-        started = time.perf_counter()
+    dst = torch.empty_like(src)
+
+    def copy() -> None:
         dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - started)
-    return 2 * src.numel() * 4 / best / 1e9
+        if device == "cuda":  # the copy is queued: wait for it
+            torch.cuda.synchronize()
+
+    return 2 * src.numel() * 4 / timed(copy, reps, min) / 1e9
 
 
 def timed(fn: Callable[[], object], reps: int, pick: Callable = statistics.median) -> float:
@@ -147,14 +147,6 @@ def timed(fn: Callable[[], object], reps: int, pick: Callable = statistics.media
         fn()
         times.append(time.perf_counter() - started)
     return pick(times)
-
-
-def sync(device: str) -> None:
-    """Waits for the GPU's queued work (a timing's end), nothing on the CPU."""
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
 
 
 def ints(text: str) -> list[int]:
@@ -208,15 +200,22 @@ def cli(*args: str, env: dict[str, str] | None = None, check: bool = False):
     return done, time.perf_counter() - started
 
 
-def run_cli(job: str | Path, out: Path, sets: list[str], limit: int | None = None) -> dict:
+def run_cli(
+    job: str | Path, out: Path, sets: list[str] = (), limit: int | None = None, check=True
+) -> dict:
     """``batchspec run JOB --set ...`` into a fresh ``out``, as a user runs it; its figures
-    from the run logs (``OUT/runs/*.json``): generation tok/s, engine start excluded."""
+    from the run logs (``OUT/runs/*.json``): generation tok/s, engine start excluded, and the
+    replay's seconds, rows checked and rows equal to the engine's own counts. ``check`` False:
+    a run that failed gives its exit code and last line (``exit``, ``error``) instead."""
     args = ["run", str(job), "--output", str(out), "--no-progress"]
     args += ["--limit", str(limit)] if limit else []
-    cli(*args, *(x for s in sets for x in ("--set", s)), check=True)
+    done, _ = cli(*args, *(x for s in sets for x in ("--set", s)), check=check)
+    if done.returncode:
+        return {"exit": done.returncode, "error": (done.stderr.strip().splitlines() or [""])[-1]}
     logs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
     tokens, seconds = sum(d["output_tokens"] for d in logs), max(d["generate_s"] for d in logs)
     engines = [e for d in logs for e in d["engines"]]
+    replay = ("s", "checked", "equal")
     return {
         "out": str(out),
         "tok_s": tokens / seconds,
@@ -224,7 +223,17 @@ def run_cli(job: str | Path, out: Path, sets: list[str], limit: int | None = Non
         "generate_s": seconds,
         "build_s": sum(d["engine_build_s"] for d in logs),
         "engines": engines,
+        **{f"replay_{x}": sum(e.get(f"replay_{x}", 0) for e in engines) for x in replay},
     }
+
+
+def parts(out: Path):
+    """The committed parts of an output directory, as one frame (any parts layout)."""
+    import polars as pl
+
+    from batchspec.io.layout import OutDir
+
+    return pl.read_parquet(OutDir(out).part_files())
 
 
 def fresh(fn: Callable[..., dict], *args: Any) -> dict:
@@ -248,14 +257,20 @@ def fresh(fn: Callable[..., dict], *args: Any) -> dict:
     return json.loads(line[2:])
 
 
-def job_file(path: Path, base: str = "synth_data.yaml", **sections: dict) -> Path:
+def job_file(
+    path: Path, base: str = "synth_data.yaml", rows: dict | None = None, **sections: dict
+) -> Path:
     """The shipped job ``jobs/BASE`` with ``sections``' keys changed, written to ``path``: the
-    checks run ``batchspec`` on job files, as a user does. Its input path is made absolute; a
+    checks run ``batchspec`` on job files, as a user does. Its input path is made absolute, or
+    with ``rows`` is the default prompt set's ``balanced(**rows)`` written beside the job; a
     key given as None is left out (its default applies)."""
     import yaml
 
     job = yaml.safe_load((ROOT / "jobs" / base).read_text())
     job["input"]["path"] = str(ROOT / "jobs" / job["input"]["path"])
+    if rows is not None:
+        job["input"]["path"] = str(path.with_suffix(".parquet"))
+        balanced([PROMPTS], path.with_suffix(".parquet"), **rows)
     for name, values in sections.items():
         merged = job.get(name, {}) | values
         job[name] = {key: value for key, value in merged.items() if value is not None}

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import JOBS, abba, balanced, cli, header, ints, options, parser, ratio, run_cli
+from harness import JOBS, abba, balanced, cli, header, ints, options, parser, parts, ratio, run_cli
 
 
 def figures(job: str, out: Path, sets: list[str], limit: int | None = None) -> dict[str, Any]:
@@ -37,20 +37,16 @@ def figures(job: str, out: Path, sets: list[str], limit: int | None = None) -> d
     engines = got.pop("engines")
     # Recorded per engine by workers that count them (issue 22); absent from older logs.
     explored = [e["units_explored"] for e in engines if "units_explored" in e]
-    parts = pl.read_parquet(out / "parts" / "*.parquet")
-    rates = parts.group_by("domain").agg(
+    done = parts(out)
+    rates = done.group_by("domain").agg(
         pl.col("num_output_tokens").sum() / (pl.col("e2e_s") - pl.col("queue_s")).sum()
     )
-    units = parts.group_by("domain", "num_speculative_tokens").agg(pl.col("unit_id").n_unique())
+    units = done.group_by("domain", "num_speculative_tokens").agg(pl.col("unit_id").n_unique())
     k_units: dict[str, dict[str, int]] = {}
     for d, k, n in units.iter_rows():
         k_units.setdefault(d, {})[str(k)] = n
     return got | {
         "units_explored": sum(explored) if explored else None,
-        **{
-            f"replay_{x}": sum(e.get(f"replay_{x}", 0) for e in engines)
-            for x in ("s", "checked", "equal")
-        },
         "domain_rates": dict(rates.iter_rows()),
         "k_units": k_units,
     }

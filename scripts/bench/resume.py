@@ -26,8 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
-import pyarrow.parquet as pq
-from harness import ROOT, cli, job_file, parser
+from harness import cli, job_file, parser
 
 from batchspec.io.layout import OutDir
 from batchspec.spec.file import load_spec
@@ -144,11 +143,9 @@ def _name(proc: psutil.Process) -> str:
 def write_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> Path:
     """The default job over the first ``rows`` prompts, small units: many commits to kill.
     Progress is recorded at every heartbeat: it beats often to measure waste precisely."""
-    table = pq.read_table(ROOT / "jobs" / "data" / "prompts.parquet").slice(0, rows)
-    pq.write_table(table, tmp / "in.parquet")
     return job_file(
         tmp / "job.yaml",
-        input={"path": str(tmp / "in.parquet")},
+        rows={"rows": rows, "columns": (None, "id")},  # the first rows of the set
         output={"dir": str(tmp / "out"), "unit_rows": unit_rows},
         model={"max_model_len": 1024, "max_num_seqs": 8},
         sampling={"max_tokens": max_tokens},

@@ -19,15 +19,11 @@ vLLM as production does; every verify runs it in the CLI's process
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from pathlib import Path
 
-import polars as pl
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import PLANTED, PROMPTS, balanced, check_line, cli, job_file, parser, verify
+from harness import PLANTED, check_line, cli, job_file, parser, parts, run_cli, verify
 
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 DRAFT = "builtin:smollm2-135m-draft"
@@ -42,15 +38,13 @@ def write_job(path: Path, speculative: dict, per_domain: int = 1, **changes: dic
     """The default job over the first ``per_domain`` prompts of each domain (``domains`` in
     ``changes``: of those alone), K=3 fixed, with ``changes`` per section. The default job's
     n-gram bounds stay (vLLM's own defaults, 5..5, match far less)."""
-    domains = changes.pop("domains", None)
-    balanced([PROMPTS], path.with_suffix(".pq"), per_domain=per_domain, domains=domains)
+    rows = {"per_domain": per_domain, "domains": changes.pop("domains", None)}
     sections = {
-        "input": {"path": str(path.with_suffix(".pq"))},
         "output": {"dir": str(path.parent / f"{path.stem}-out"), "unit_rows": 64},
         "model": {"max_model_len": 1024, "max_num_seqs": 8} | changes.pop("model", {}),
         "speculative": {"num_speculative_tokens": 3, "adaptive": False} | speculative,
     }
-    return job_file(path, **sections, **changes)
+    return job_file(path, rows=rows, **sections, **changes)
 
 
 def make_head(work: Path) -> str:
@@ -69,21 +63,17 @@ def run_figures(job: Path) -> str:
     own check of replay against the engine's counts) or the geometric model (report's line)."""
     # As production runs it: engine core and model in processes of their own (in the CLI's
     # process, speculative runs were ~6x slower here: n-gram 9.1 against 53.8 tok/s).
-    proc, _ = cli("run", str(job))
-    if proc.returncode:
-        return f"run exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1]}"
     out = job.parent / f"{job.stem}-out"
-    rate = re.search(r"([\d.]+) output tokens/s", proc.stdout)
-    parts = pl.read_parquet(sorted((out / "parts").rglob("*.parquet")))
-    drafted = parts["num_draft_tokens"].sum() or 0
-    accepted = parts["num_accepted_tokens"].sum() or 0
-    text = f"{len(parts)} rows, {rate[1] if rate else '?'} tok/s"
+    got = run_cli(job, out, check=False)
+    if "exit" in got:
+        return f"run exit {got['exit']}: {got['error']}"
+    done = parts(out)
+    drafted = done["num_draft_tokens"].sum() or 0
+    accepted = done["num_accepted_tokens"].sum() or 0
+    text = f"{len(done)} rows, {got['tok_s']:.1f} tok/s"
     if drafted:
         text += f", {accepted}/{drafted} drafts accepted ({accepted / drafted:.2f})"
-    logs = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
-    engines = [e for log in logs for e in log.get("engines", [])]
-    checked = sum(e.get("replay_checked", 0) for e in engines)
-    equal = sum(e.get("replay_equal", 0) for e in engines)
+    checked, equal = got["replay_checked"], got["replay_equal"]
     report, _ = cli("report", str(out))
     said = [x for x in report.stdout.splitlines() if x.startswith("K per domain")]
     if not drafted:

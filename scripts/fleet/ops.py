@@ -83,8 +83,9 @@ class OpCounter:
                 return original(path, *args, **kwargs)
             self.add(kind)  # before the call: a failed create or stat costs a round trip too
             result = original(path, *args, **kwargs)
-            if original is _SCANDIR:  # entries counted as the listing is read
-                return _CountedScan(result, self)
+            if original is _SCANDIR:  # read at once, its entries counted as a listing's
+                with result:
+                    result = _Listing(result)
             if isinstance(result, list):
                 with self._lock:
                     self.entries += len(result)
@@ -107,26 +108,15 @@ def _site() -> str:
     return "?"
 
 
-class _CountedScan:
-    """A scandir iterator that counts the entries it returns."""
+class _Listing(list):
+    """A scandir listing read at once, iterable and closable as scandir's iterator is (pathlib
+    and glob read every entry of theirs anyway)."""
 
-    def __init__(self, inner: Any, counter: OpCounter):
-        self.inner, self.counter = inner, counter
-
-    def __iter__(self) -> _CountedScan:
-        return self
-
-    def __next__(self) -> Any:
-        entry = next(self.inner)
-        with self.counter._lock:
-            self.counter.entries += 1
-        return entry
-
-    def __enter__(self) -> _CountedScan:
+    def __enter__(self) -> _Listing:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.inner.close()
+        self.close()
 
     def close(self) -> None:
-        self.inner.close()
+        pass
