@@ -68,6 +68,9 @@ def schedule_from(runs: dict[str, list[dict]], fixed: list[int], batch: int) -> 
     tokens per step pooled over the domains (mean), step the latest adaptive run's fit of
     vLLM's steps; ranges of equal K merged; None where it never speculates. Without a fit (or
     replay), the best fixed K so far at every batch size."""
+    import numpy as np
+
+    from batchspec.engines.vllm_steps import FEATURES, decode_step_seconds
     from batchspec.io.layout import OutDir
     from batchspec.observe.report import controller_view
     from batchspec.speculation.steps import read_step_fit
@@ -80,16 +83,11 @@ def schedule_from(runs: dict[str, list[dict]], fixed: list[int], batch: int) -> 
     if not coef or not taus:
         best = max(fixed, key=lambda k: statistics.fmean(r["tok_s"] for r in runs[f"K={k}"]))
         return [[1, batch, best]]
-    fill = found[1]["fill"]
+    fill, vector = found[1]["fill"], np.array([coef.get(f, 0.0) for f in FEATURES])
     tau = {k: statistics.fmean(t[k] for t in taus if k in t) for k in fixed}
-
-    def step(b: int, k: int) -> float:
-        spec = coef["spec_rows"] * b if k else 0.0
-        return coef["step"] + coef["rows"] * b + spec + coef["drafted"] * b * fill * k
-
     ranges: list[list[int]] = []
-    for b in range(1, batch + 1):
-        k = max(fixed, key=lambda k: (tau[k] / step(b, k), -k))
+    for b in range(1, batch + 1):  # tau / step: as the engine's own price (decode_step_seconds)
+        k = max(fixed, key=lambda k: (tau[k] / decode_step_seconds(vector, b, k, fill * k), -k))
         if ranges and ranges[-1][2] == k:
             ranges[-1][1] = b
         else:

@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import PLANTED, PROMPTS, balanced, cli, flags, job_file, options, parser, verify
+from harness import PLANTED, cli, flags, job_file, options, parser, verify
 
 SAMPLING = {
     "n": 4,
@@ -38,11 +38,12 @@ ENGINES = {
 TOLERANCE = 1e-4
 
 
-def write_job(tmp: Path, engine: str, name: str, data: str, k: int | None, **sampling) -> Path:
-    """The engine's shipped job with this check's sampling, input, K (None: the job's; vLLM's
-    K = 0 is method none, the tree engine's its plain decoding), no ``k_grid`` (one fixed K:
-    the comparison's) and its output under ``tmp``; ``lookup_min`` in ``sampling`` sets the
-    prompt lookup's lower bound."""
+def write_job(tmp: Path, engine: str, name: str, rows: dict, k: int | None, **sampling) -> Path:
+    """The engine's shipped job with this check's sampling, the default set's ``rows``
+    (``harness.balanced``'s arguments), K (None: the job's; vLLM's K = 0 is method none, the
+    tree engine's its plain decoding), no ``k_grid`` (one fixed K: the comparison's) and its
+    output under ``tmp``; ``lookup_min`` in ``sampling`` sets the prompt lookup's lower
+    bound."""
     base, spec = ENGINES[engine]
     spec = spec | {"k_grid": None}
     if "lookup_min" in sampling:
@@ -52,11 +53,11 @@ def write_job(tmp: Path, engine: str, name: str, data: str, k: int | None, **sam
     if k == 0 and engine == "vllm":
         spec = dict.fromkeys(["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"])
         spec |= {"method": "none", "k_grid": None}
-    sections = {"input": {"path": str(tmp / f"{data}.parquet")}, "output": {"dir": str(tmp / name)}}
     return job_file(
         tmp / f"{name}.yaml",
         base,
-        **sections,
+        rows,
+        output={"dir": str(tmp / name)},
         model={"dtype": "float32"},
         speculative=spec,
         sampling=SAMPLING | sampling,
@@ -88,7 +89,8 @@ def compare_rows(tmp: Path, engine: str, k_top: int, args: argparse.Namespace) -
     frames = []
     for k in (0, None):
         name = f"{engine}_rows_k{k_top}_{'plain' if k == 0 else 'spec'}"
-        job = write_job(tmp, engine, name, "input", k, max_tokens=args.max_tokens, logprobs=k_top)
+        rows = {"rows": args.rows}
+        job = write_job(tmp, engine, name, rows, k, max_tokens=args.max_tokens, logprobs=k_top)
         done, _ = cli("run", str(job), "--no-progress")
         if done.returncode != 0:
             return f"{engine} rows k={k_top}: run exit {done.returncode}\n{done.stderr[-2000:]}"
@@ -113,10 +115,10 @@ def check_verify(tmp: Path, engine: str, mode: str, planted: bool, args) -> str:
     name = f"{engine}_verify_{mode}{'_planted' if planted else ''}"
     sampled = mode == "sampled"
     lookup = {"lookup_min": args.sampled_lookup_min} if sampled else {}
-    data, temperature = ("sampled", 1.0) if sampled else ("input", 0.0)
-    job = write_job(tmp, engine, name, data, None, temperature=temperature, **lookup)
-    rows = args.sampled_rows if sampled else args.rows
-    options = flags(rows=rows, samples=args.samples, tokens=args.tokens)
+    domains = args.sampled_domains.split(",") if sampled else None
+    rows = {"rows": args.sampled_rows if sampled else args.rows, "domains": domains}
+    job = write_job(tmp, engine, name, rows, None, temperature=float(sampled), **lookup)
+    options = flags(rows=rows["rows"], samples=args.samples, tokens=args.tokens)
     options += ["--set", f"sampling.max_tokens={args.max_tokens}"]
     env = PLANTED if planted else None
     _, line = verify(job, tmp / name, *options, env=env, expected=int(planted))
@@ -136,9 +138,6 @@ def main() -> None:
     print(f"sampling: {json.dumps(SAMPLING)}, float32, max_tokens {args.max_tokens}", flush=True)
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        balanced([PROMPTS], tmp / "input.parquet", rows=args.rows)
-        domains = args.sampled_domains.split(",")
-        balanced([PROMPTS], tmp / "sampled.parquet", rows=args.sampled_rows, domains=domains)
         for engine in [args.only] if args.only else list(ENGINES):
             for k_top in () if args.skip_rows else (1, 20):
                 print(compare_rows(tmp, engine, k_top, args), flush=True)
