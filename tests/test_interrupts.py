@@ -119,6 +119,8 @@ def test_kill9_and_group_signals_then_rerun_is_exactly_once(
     # vLLM's sockets went with their workers: the killed ones' folders removed by the rerun
     # (engines.vllm_sockets.sweep), every other one's at its exit.
     assert not list(temp.glob("batchspec-ipc-*")), list(temp.iterdir())
+    # So did the files vLLM's workers met in (engines.vllm_sockets.file_store_init_method).
+    assert not list(temp.glob("vllm_dist_*")), list(temp.iterdir())
     assert not [p for p in temp.rglob("*") if p.is_socket()], list(temp.rglob("*"))
     shutil.rmtree(temp)
 

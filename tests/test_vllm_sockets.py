@@ -101,3 +101,15 @@ print(os.environ[vllm_sockets.ENV])
     assert result.returncode == 0, result.stderr
     folder = Path(result.stdout.strip())
     assert folder.parent == temp and not folder.exists()
+
+
+def test_vllms_rendezvous_file_goes_in_the_folder(
+    temp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file vLLM's workers meet in (one per engine start) lands in the worker's folder,
+    which goes with it; with a user's own socket folder, where vLLM puts it."""
+    vllm_sockets.use()
+    made = vllm_sockets.folder(os.getpid())
+    assert vllm_sockets.file_store_init_method().startswith(f"file://{made}/vllm_dist_")
+    monkeypatch.setenv(vllm_sockets.ENV, str(temp / "mine"))
+    assert vllm_sockets.file_store_init_method().startswith(f"file://{temp}/vllm_dist_")

@@ -21,7 +21,9 @@ attribute, ``__dict__`` included, with a function wrapper, so a second engine st
 same process after an n-gram engine fails (``'_lib_fn_wrapper' object has no attribute
 'get'``). :func:`rebind_without_lazy_namespaces` hides that module during the scan.
 
-The same hook lets a worker's engine core fork on the CPU (``vllm_fork``).
+The same hook lets a worker's engine core fork on the CPU (``vllm_fork``), and puts the file
+vLLM's workers meet in to set up torch.distributed in the worker's own folder
+(``vllm_sockets.file_store_init_method``), which goes with the worker.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def rebind_without_lazy_namespaces(rebind: Callable[[Any], None]) -> Callable[[A
 
 def register() -> None:
     """vLLM plugin hook: in a worker's engine processes, die with the worker and close on its
-    request, and take K changes (``vllm_live_k``); on the CPU platform, route the rejection
+    request, take K changes (``vllm_live_k``), and meet in the worker's folder; on the CPU
+    platform, route the rejection
     sampler's expansion through :func:`expand_batch_to_tokens` (GPU builds keep their Triton
     kernel)."""
     from vllm.platforms import current_platform
@@ -74,6 +77,12 @@ def register() -> None:
 
     arm_engine_process()
     install()
+    from vllm.v1.executor import multiproc_executor, uniproc_executor
+
+    from batchspec.engines.vllm_sockets import file_store_init_method
+
+    for executor in (multiproc_executor, uniproc_executor):
+        executor.get_file_store_init_method = file_store_init_method  # type: ignore[attr-defined]
     if not current_platform.is_cpu():
         return
     from vllm.v1.sample import rejection_sampler

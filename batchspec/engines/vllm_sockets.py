@@ -5,14 +5,16 @@ system's temporary folder by default), five to seven per engine start, and it re
 them: a day of this project's tests left ~3,000 in ``/tmp``, and a node that runs Slurm tasks
 for weeks, each restarting engines after crashes and K changes, would gather many more.
 
-So each worker process points vLLM at ``<tmp>/batchspec-ipc-<host>-<pid>`` (``use``; the
-host as a hash, since a socket's path may not exceed 107 bytes) before its first engine, and
-removes that folder when it exits. The name holds for the process's
-whole life, because vLLM's engine core, when it runs in this process, caches its environment
-after the first start. A worker killed with -9 cannot remove its folder: the next worker on
-the same host removes every such folder whose process is gone (``sweep``). A user's own
-``VLLM_RPC_BASE_PATH`` stands, and is never cleaned; so does vLLM's default where the
-temporary folder's path is so long that a socket's path in a folder of ours would not fit.
+So each worker process points vLLM at ``<tmp>/batchspec-ipc-<host>-<pid>`` (``use``; the host as
+a hash, since a socket's path may not exceed 107 bytes) before its first engine, and removes
+that folder when it exits; the file vLLM's workers meet in to set up torch.distributed
+(``file_store_init_method``: one per engine start, never removed either, 165 in ``/tmp`` after a
+day of tests) goes there too. The name holds for the process's whole life, because vLLM's engine
+core, when it runs in this process, caches its environment after the first start. A worker
+killed with -9 cannot remove its folder: the next worker on the same host removes every such
+folder whose process is gone (``sweep``). A user's own ``VLLM_RPC_BASE_PATH`` stands, and is
+never cleaned; so does vLLM's default where the temporary folder's path is so long that a
+socket's path in a folder of ours would not fit.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import shutil
 import socket
 import tempfile
+import uuid
 import zlib
 from pathlib import Path
 
@@ -64,6 +67,16 @@ def use() -> None:
     os.environ[ENV] = str(path)
     _made = (pid, path)
     atexit.register(_remove, pid, path)
+
+
+def file_store_init_method() -> str:
+    """vLLM's ``get_file_store_init_method`` (patched into its executors by ``vllm_fixes``):
+    the rendezvous file in this worker's folder where it has one, else, as vLLM has it, in
+    the temporary folder."""
+    base = os.environ.get(ENV)
+    if base is None or _theirs():
+        base = tempfile.gettempdir()
+    return f"file://{base}/vllm_dist_{uuid.uuid4().hex}"
 
 
 def _remove(pid: int, path: Path) -> None:
