@@ -144,3 +144,37 @@ def test_a_second_signal_during_the_clean_up_quits_at_once(tmp_path: Path) -> No
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert result.returncode == 128 + 2 and "stopped True" in result.stdout, result
     assert "not quit" not in result.stdout and "quitting now" in result.stderr, result
+
+
+CLOSE = """
+import os, signal, sys
+from batchspec.spec.file import load_spec
+from batchspec.work import worker
+
+close = worker.Worker._close
+
+
+def close_under_a_stop(self, engine):
+    os.kill(os.getpid(), signal.SIGTERM)  # a Slurm time limit landing on the last close
+    close(self, engine)
+
+
+worker.Worker._close = close_under_a_stop
+worker.run_job(load_spec(sys.argv[1]), limit=1, progress=False)
+print("stopped cleanly", flush=True)
+"""
+
+
+def test_a_stop_while_the_last_engine_closes_is_a_stop(tmp_path: Path) -> None:
+    """After its last unit a worker closes its engine, releases its leases and reports: a
+    SIGTERM there is a stop like any other (the handler stays through the clean-up), not the
+    default death with -15 that leaves leases behind and no run log (tree engine, one row)."""
+    from conftest import small_job
+
+    job = small_job(tmp_path, 1, speculative={"engine": "tree"}, sampling={"max_tokens": 4})
+    script = tmp_path / "close.py"
+    script.write_text(CLOSE)
+    cmd = [sys.executable, str(script), str(job)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "stopped cleanly" in result.stdout, result.stderr[-2000:]
+    assert not list((tmp_path / "out" / "leases").glob("*.lease"))

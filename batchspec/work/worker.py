@@ -104,22 +104,24 @@ class Worker:
         self.leases.start()
         threading.Thread(target=self._on_stop, name="stop-release", daemon=True).start()
         engine: Engine | None = None
-        try:
-            with self.stop.installed():
+        # The handlers stay through the clean-up: a SIGTERM while the last engine closes (a
+        # Slurm time limit can land there) is a stop like any other, not the default death.
+        with self.stop.installed():
+            try:
                 while self.scheduler and not self.stop.stopping:
                     k, first = self.scheduler.next_engine(None if engine is None else engine.k)
                     if engine is not None and engine.k != k:
                         self._close(engine)
                         engine = None
                     engine = self._run_group(k, first, engine)
-        finally:  # (a stop that ended a start, StartAborted, ends here too: stop.installed)
-            if engine is not None:
-                self._close(engine)
-            self.stats.units_abandoned += self._source.abandon_all() if self._source else 0
-            self.leases.release_all()  # first: a lease whose holder's record has moved to
-            self.leases.stop()  # progress/ is free at once (``LeaseDir.silence_of``)
-            live.close()
-            self.stats.stopped_by_signal = self.stop.signal is not None
+            finally:  # (a stop that ended a start, StartAborted, ends here too)
+                if engine is not None:
+                    self._close(engine)
+                self.stats.units_abandoned += self._source.abandon_all() if self._source else 0
+                self.leases.release_all()  # first: a lease whose holder's record has moved to
+                self.leases.stop()  # progress/ is free at once (``LeaseDir.silence_of``)
+                live.close()
+                self.stats.stopped_by_signal = self.stop.signal is not None
 
     def _heartbeat_lost(self, reason: str) -> None:
         """Our record could not be written for half a lease timeout: others may take our
