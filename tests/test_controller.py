@@ -349,6 +349,15 @@ def test_a_domain_not_seen_yet_starts_where_the_pooled_replay_says() -> None:
         assert ctl.choose("new").k == want and ctl.choose("easy").k == 3
 
 
+def only_sparse_speculates(ctl: Controller) -> None:
+    """ "sparse" and "dense" replay 1.4 tokens a step at K=2; priced at their own drafts, a K=2
+    step costs 1.3 plain steps for sparse and 1.9 for dense."""
+    sparse, dense = ctl.choose("sparse"), ctl.choose("dense")
+    assert (sparse.k, dense.k) == (2, 0)
+    assert sparse.rates[2] / sparse.rates[0] == pytest.approx(1.4 / 1.3)
+    assert dense.rates[2] / dense.rates[0] == pytest.approx(1.4 / 1.9)
+
+
 def test_vllm_prices_each_domains_k_at_its_own_drafts() -> None:
     """vLLM's n-gram chains draft K tokens or none, so a domain's rows draft coverage·K per
     step. "sparse" drafted at 30 % of its steps, "dense" at 90 %, and their replays agree (1.4
@@ -372,10 +381,7 @@ def test_vllm_prices_each_domains_k_at_its_own_drafts() -> None:
         return ctl
 
     ctl = controller(own_drafts=True)
-    sparse, dense = ctl.choose("sparse"), ctl.choose("dense")
-    assert (sparse.k, dense.k) == (2, 0)
-    assert sparse.rates[2] / sparse.rates[0] == pytest.approx(1.4 / 1.3)
-    assert dense.rates[2] / dense.rates[0] == pytest.approx(1.4 / 1.9)
+    only_sparse_speculates(ctl)
     pooled = controller(own_drafts=False)
     assert (pooled.choose("sparse").k, pooled.choose("dense").k) == (0, 0)
     # A domain not seen yet keeps the pooled price.
@@ -407,10 +413,7 @@ def test_a_domain_that_never_drafted_is_priced_at_its_replayed_drafts() -> None:
         return ctl
 
     ctl = controller(counted=True)
-    sparse, dense = ctl.choose("sparse"), ctl.choose("dense")
-    assert (sparse.k, dense.k) == (2, 0)
-    assert sparse.rates[2] / sparse.rates[0] == pytest.approx(1.4 / 1.3)
-    assert dense.rates[2] / dense.rates[0] == pytest.approx(1.4 / 1.9)
+    only_sparse_speculates(ctl)
     assert ctl.choose("new").rates[2] == pytest.approx(1.4 / 1.6)
     older = controller(counted=False)
     assert (older.choose("sparse").k, older.choose("dense").k) == (0, 0)
