@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from batchspec.engines.sums_fit import solve
+
 FEATURES = ("step", "rows", "spec_rows", "drafted", "prefill")
 """The fit's columns: a constant per step, rows in decode, rows in decode on a speculative
 engine, drafted tokens scheduled for verification, prefill tokens."""
@@ -61,7 +63,7 @@ SAMPLES = 256
 of the fit's form; the sums are what the fit uses."""
 
 
-def decode_step_seconds(coef: np.ndarray, batch: int, k: int, drafts_per_row: float) -> float:
+def decode_step_seconds(coef: np.ndarray, batch: float, k: int, drafts_per_row: float) -> float:
     """A decode step of ``batch`` rows at ``k`` (nothing in prefill) priced by the fit's
     coefficients (``FEATURES``), its rows drafting ``drafts_per_row`` tokens each."""
     spec = batch if k > 0 else 0.0
@@ -84,6 +86,9 @@ class StepCosts:
         """The same per step K."""
         self.skipped = 0
         """Periods left out as waits for work."""
+        self.decode_rows = np.zeros(2)
+        """This run's steps with rows in decode, and those rows (``rows``); not in the prior,
+        which was another job's batch."""
         self.samples: list[list[float]] = []
         """Up to ``SAMPLES`` steps seen: K, rows, drafted, prefill, period (seconds)."""
         self._rng = random.Random(0)
@@ -121,6 +126,7 @@ class StepCosts:
             self.xty += x * period_s
             self.yy += period_s * period_s
             self.n += 1
+            self.decode_rows += (1.0, rows) if rows else (0.0, 0.0)
             acc = self.per_k.setdefault(k, [0.0, 0.0, *([0.0] * len(FEATURES))])
             acc[0] += 1
             acc[1] += period_s
@@ -150,7 +156,7 @@ class StepCosts:
         with self._lock:
             if self._coef is None and self.n >= MIN_STEPS:
                 tied = self._tied()
-                self._coef, self._sigma = _solve(self.xtx, self.xty, self.yy, self.n, tied)
+                self._coef, self._sigma = solve(self.xtx, self.xty, self.yy, self.n, tied)
             return self._coef
 
     def _tied(self) -> dict[int, int | None]:
@@ -185,12 +191,21 @@ class StepCosts:
         hi = min((d * j for j, d in seen.items() if j >= k), default=np.inf)
         return max(lo, min(self.fill(k) * k, hi))
 
-    def features(self, batch: int, k: int) -> np.ndarray:
+    def rows(self, batch: int) -> float:
+        """The rows a decode step of this run carries on average, at most ``batch`` (the
+        engine's ``max_num_seqs``), and ``batch`` before ``MIN_STEPS`` such steps: the batch
+        K is priced at. On a GPU whose KV cache holds fewer long rows than ``max_num_seqs``
+        allows, steps carry fewer, and at a smaller batch a draft costs a smaller share of
+        the step's fixed cost than a full batch's price says."""
+        steps, rows = self.decode_rows
+        return min(float(batch), rows / steps) if steps >= MIN_STEPS else float(batch)
+
+    def features(self, batch: float, k: int) -> np.ndarray:
         """A decode step of ``batch`` rows at ``k``, nothing in prefill."""
         drafted = batch * self.drafts(k)
         return np.array([1.0, batch, batch if k > 0 else 0.0, drafted, 0.0])
 
-    def seconds_at(self, batch: int, k: int, fill: float) -> float:
+    def seconds_at(self, batch: float, k: int, fill: float) -> float:
         """Seconds of a decode step of ``batch`` rows at ``k`` that each draft ``fill``·k
         tokens (a domain's own drafts, ``Controller.fill_cost``; NaN before the fit)."""
         coef = self.coefficients()
@@ -198,14 +213,14 @@ class StepCosts:
             return float("nan")
         return decode_step_seconds(coef, batch, k, fill * k)
 
-    def seconds(self, batch: int, k: int) -> float:
+    def seconds(self, batch: float, k: int) -> float:
         """Seconds of a decode step of ``batch`` rows at ``k`` (NaN before the fit)."""
         coef = self.coefficients()
         if coef is None:
             return float("nan")
         return float(coef @ self.features(batch, k))
 
-    def spread(self, batch: int, k: int) -> float:
+    def spread(self, batch: float, k: int) -> float:
         """The standard error of ``seconds`` (from the residuals; NaN before the fit)."""
         coef = self.coefficients()
         if coef is None or self._sigma is None:
@@ -222,11 +237,13 @@ class StepCosts:
             "prior_steps": self._prior_n,
             "skipped": self.skipped,
             "fill": round(self.fill(), 4),
+            "rows": self.rows(batch),
         }
         if coef is None:
             return out
         out["coefficients"] = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
-        out["priced"] = {k: [self.seconds(batch, k), self.spread(batch, k)] for k in grid}
+        rows = self.rows(batch)
+        out["priced"] = {k: [self.seconds(rows, k), self.spread(rows, k)] for k in grid}
         measured = {}
         for k, acc in sorted(self.per_k.items()):
             n = acc[0]
@@ -301,29 +318,3 @@ class StepCosts:
             tmp.replace(self.path)
         except OSError:
             pass
-
-
-def _solve(
-    xtx: np.ndarray, xty: np.ndarray, yy: float, n: float, tied: dict[int, int | None]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Least squares from the sums, no coefficient negative (a negative one is dropped and
-    the rest refitted), tied columns priced as their partner; and the coefficients'
-    covariance from the residuals."""
-    m = len(xty)
-    active = [j for j in range(m) if j not in tied]
-    while True:
-        a = xtx[np.ix_(active, active)]
-        coef_a = np.linalg.lstsq(a, xty[active], rcond=None)[0]
-        if (coef_a >= 0).all() or len(active) == 1:
-            break
-        active = [j for j, c in zip(active, coef_a, strict=True) if c >= 0] or active[:1]
-    coef = np.zeros(m)
-    coef[active] = np.maximum(coef_a, 0.0)
-    for j, partner in tied.items():
-        if partner is not None:
-            coef[j] = coef[partner]
-    rss = max(yy - 2 * coef @ xty + coef @ xtx @ coef, 0.0)
-    dof = max(n - len(active), 1.0)
-    sigma = np.zeros((m, m))
-    sigma[np.ix_(active, active)] = np.linalg.pinv(a) * (rss / dof)
-    return coef, sigma
