@@ -149,3 +149,30 @@ def test_earlier_runs_are_a_prior_worth_at_most_prior_steps(tmp_path: Path) -> N
     third = StepCosts("k", path)
     third.load_prior()  # unreadable: no prior, no error
     assert third.n == 0
+
+
+def test_k_is_priced_at_the_rows_the_steps_carry(tmp_path: Path) -> None:
+    """A GPU's KV cache (or the rows left) can hold a batch below ``max_num_seqs``: steps
+    of 1 to 16 rows (8.5 on average) at max_num_seqs 64 price K at 8.5 rows, and so does the
+    policy; before ``MIN_STEPS`` steps, at 64."""
+    from types import SimpleNamespace
+
+    from conftest import job_dict
+
+    from batchspec.io.layout import OutDir
+    from batchspec.spec import JobSpec
+    from batchspec.speculation.policy import KPolicy
+
+    costs = StepCosts()
+    feed(costs, 4, MIN_STEPS - 1, seed=7)
+    assert costs.rows(64) == 64
+    feed(costs, 0, 200, seed=8)
+    rows = costs.decode_rows[1] / costs.decode_rows[0]
+    assert costs.rows(64) == pytest.approx(rows) and 7.5 < rows < 9.5
+    assert costs.rows(4) == 4  # never above max_num_seqs
+    assert costs.summary(64, [0, 4])["priced"][4][0] == pytest.approx(costs.seconds(rows, 4))
+    spec = JobSpec.model_validate(job_dict(tmp_path / "out", model={"max_num_seqs": 64}))
+    policy = KPolicy(spec, OutDir(tmp_path / "out"), "w")
+    policy.engine_up(SimpleNamespace(k_per_unit=True, step_profile=costs))
+    assert policy.ctl.step_cost(4) == pytest.approx(costs.seconds(rows, 4))
+    assert policy.ctl.fill_cost(4, 0.5) == pytest.approx(costs.seconds_at(rows, 4, 0.5))

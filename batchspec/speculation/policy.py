@@ -120,26 +120,28 @@ class KPolicy:
     def engine_up(self, engine: Engine) -> None:
         """An engine is up: whether it takes K per unit, and, where K is chosen, its step
         cost (``step_profile``: ``seconds(batch, nodes)``; the tree engine's profile,
-        measured on first use, or vLLM's fit of its own steps, ``engines.vllm_steps``), which
-        then prices every K of the grid, K=0 included, without running it."""
+        measured on first use, or vLLM's fit of its own steps, ``engines.vllm_steps``, priced
+        at the rows its steps carry), which then prices every K of the grid, K=0 included,
+        without running it."""
         self.per_unit = engine.k_per_unit
         profile = getattr(engine, "step_profile", None) if self.adaptive else None
         seconds = getattr(profile, "seconds", None)
         if seconds is not None and self.ctl.step_cost is None:
             self._profile = profile
-            batch = self.ctl.batch
+            rows = getattr(profile, "rows", None)  # vLLM: the rows its steps really carry
+            batch = (lambda: rows(self.ctl.batch)) if rows else (lambda: self.ctl.batch)
             costs = self.draft_costs = getattr(engine, "draft_costs", None)
             per_row = costs.per_row if costs is not None else lambda d: None
             method = self.spec.speculative.method
             # The profile prices the verify forward; drafting adds its measured seconds.
             self.ctl.step_cost = lambda k: (
-                float(seconds(batch, k)) + (batch * (per_row(method) or 0.0) if k > 0 else 0.0)
+                float(seconds(batch(), k)) + (batch() * (per_row(method) or 0.0) if k > 0 else 0.0)
             )
             seconds_at = getattr(profile, "seconds_at", None)  # vLLM: a domain's own drafts
             if seconds_at is not None:
-                self.ctl.fill_cost = lambda k, fill: float(seconds_at(batch, k, fill))
+                self.ctl.fill_cost = lambda k, fill: float(seconds_at(batch(), k, fill))
             if self.drafters is not None:
-                self.drafters.price(lambda k: float(seconds(batch, k)), per_row)
+                self.drafters.price(lambda k: float(seconds(batch(), k)), per_row)
             self.ctl.version += 1
             self.ctl._table = None
             self._write_steps()

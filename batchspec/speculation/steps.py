@@ -107,7 +107,8 @@ def read_fill_cost(
     if not isinstance(given, dict) or set(given) != set(FEATURES):
         return None
     coef = np.array([float(given[f]) for f in FEATURES])
-    return lambda k, fill: decode_step_seconds(coef, batch, k, fill * k)
+    rows = float(found[1].get("rows", batch))  # the rows the run's steps carried
+    return lambda k, fill: decode_step_seconds(coef, rows, k, fill * k)
 
 
 def read_step_fit(out: OutDir) -> tuple[int, dict[str, Any]] | None:
