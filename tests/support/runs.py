@@ -35,9 +35,19 @@ def check_output(out: Path, expected_ids: list[str]) -> None:
     assert not leftovers, f"temporary files left in parts/: {leftovers}"
 
 
-def resume_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> tuple[Path, list[str]]:
+TREE_ENGINE = {"tree": {"max_depth": 2}, "num_speculative_tokens": 2, "adaptive": False}
+"""Small n-gram trees on the tree engine, in the worker's process: a start of seconds where
+vLLM's takes ~20-40 s here (a vLLM import in each of two processes). For tests of what
+workers, launchers and schedulers do, which no engine takes part in; vLLM's own processes
+under kills and signals are ``test_interrupts``', ``test_orphans``' and ``test_crash``'s."""
+
+
+def resume_job(
+    tmp: Path, rows: int, unit_rows: int, max_tokens: int, speculative: dict | None = None
+) -> tuple[Path, list[str]]:
     """The default job over the first ``rows`` prompts in small units (many commits to
     interrupt), output in ``tmp/out``; returns the job file and the input ids.
+    ``speculative`` overrides keys of the job's section (``TREE_ENGINE``: the tree engine).
 
     It records progress at every heartbeat and beats often, so that what a kill loses is
     measured precisely (``scripts/bench/resume.py --job`` reads those records).
@@ -50,5 +60,6 @@ def resume_job(tmp: Path, rows: int, unit_rows: int, max_tokens: int) -> tuple[P
         output={"unit_rows": unit_rows},
         sampling={"max_tokens": max_tokens},
         execution={"heartbeat_s": 0.2, "lease_timeout_s": 60},
+        speculative=speculative or {},
     )
     return write_job(tmp / "job.yaml", job), table.column("id").to_pylist()
