@@ -43,7 +43,10 @@ def test_simulated_fleet_commits_every_unit_once_under_kills(tmp_path: Path) -> 
     """12 workers, 72 units, 2 workers killed mid-unit: every unit committed once (every row
     once), the dead workers' units taken over within lease timeout + heartbeat + the longest
     wait before a look again (300 + 20 + 30 + 2 simulated s), and a unit's filesystem cost
-    bounded (the version before this one spent 680 operations per unit at 16 workers)."""
+    bounded (the version before this one spent 680 operations per unit at 16 workers). Each
+    simulated worker is the product's own ``Worker`` on stand-ins (``work/backend.py``), so a
+    change that breaks the worker loop fails here (checked: a loop that reads an attribute its
+    policy lacks, as the scheduler did the stand-in's at e88741c, gives "exactly once: no")."""
     results = tmp_path / "fleet.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "fleet" / "sim.py"), "--workers", "12"]
     cmd += ["--units-per-worker", "6", "--kills", "2", "--speed", "60", "--procs", "2"]

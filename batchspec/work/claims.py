@@ -27,10 +27,10 @@ import hashlib
 import time
 from collections import deque
 
-from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import part_error_positions
 from batchspec.units import UnitRequests, WorkUnit
+from batchspec.work.backend import Prompts
 from batchspec.work.indexes import HELD_S, DoneIndex, FailureLog, HeldIndex
 from batchspec.work.leases import Leases
 from batchspec.work.scheduler import Scheduler
@@ -200,7 +200,7 @@ class Claims:
         digest = hashlib.sha1(self.leases.me.worker.encode()).hexdigest()
         return int(digest[:8], 16) % share == 0
 
-    def requests(self, unit: WorkUnit, builder: PromptBuilder) -> UnitRequests:
+    def requests(self, unit: WorkUnit, builder: Prompts) -> UnitRequests:
         """A claimed unit's rows for the engine (only its error rows, when retrying those)."""
         positions = None
         if unit.unit_id in self.error_rows:

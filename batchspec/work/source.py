@@ -11,12 +11,17 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from batchspec.io.inputs import PromptBuilder
 from batchspec.units import UnitRequests, UnitResult, WorkUnit
+from batchspec.work.backend import Prompts
 from batchspec.work.claims import Claims
 from batchspec.work.quarantine import Quarantine
 from batchspec.work.scheduler import Scheduler
 from batchspec.work.stopping import StopFlag
+
+POLL_S = 0.05
+"""How long an idle engine waits before it asks its source for a unit again."""
+LINGER_POLL_S = 1.0
+"""The same, once the worker lingers for units others hold (nothing of its own is left)."""
 
 
 class ClaimingSource:
@@ -32,7 +37,7 @@ class ClaimingSource:
         scheduler: Scheduler,
         claims: Claims,
         k: int,
-        builder: PromptBuilder,
+        builder: Prompts,
         stop: StopFlag,
         linger_s: float,
         first: list[WorkUnit],
@@ -104,7 +109,7 @@ class ClaimingSource:
         return time.monotonic() - self._linger_since >= linger
 
     def wait(self) -> None:
-        time.sleep(1.0 if self._linger_since is not None else 0.05)
+        time.sleep(LINGER_POLL_S if self._linger_since is not None else POLL_S)
 
     def open_units(self) -> list[UnitRequests]:
         """The units handed to the engine and not yet back (live progress reads their rows)."""

@@ -14,19 +14,17 @@ import time
 import traceback
 from typing import TextIO
 
-from batchspec.engines import Engine, EngineFailure, open_engine
+from batchspec.engines import Engine, EngineFailure
 from batchspec.engines.quiet import EngineStartError, engine_output, log_size
 from batchspec.engines.starts import remember_start, starting_line
 from batchspec.errors import UserError
 from batchspec.io.checks import Preflight
-from batchspec.io.inputs import PromptBuilder
 from batchspec.io.layout import OutDir
 from batchspec.io.writer import Commit, PartWriter, output_schema
-from batchspec.models import load_tokenizer
 from batchspec.spec import JobSpec
 from batchspec.speculation.estimator import Observation
-from batchspec.speculation.policy import KPolicy
 from batchspec.units import UnitResult, WorkUnit
+from batchspec.work.backend import Backend, model_backend
 from batchspec.work.claims import Claims, FailureLog
 from batchspec.work.feeding import Replays, UnitKFeed
 from batchspec.work.indexes import striped
@@ -48,7 +46,10 @@ from batchspec.work.stopping import StopFlag
 
 
 class Worker:
-    """One worker of a run: every unit of ``todo`` that it can claim, engine by engine."""
+    """One worker of a run: every unit of ``todo`` that it can claim, engine by engine.
+
+    ``backend``: what it generates with (``work.backend``; the model's by default). The
+    worker's name is ``stats.worker``."""
 
     def __init__(
         self,
@@ -57,30 +58,30 @@ class Worker:
         todo: list[WorkUnit],
         error_rows: set[str],
         stats: RunStats,
+        backend: Backend | None = None,
     ):
         self.spec = spec
         self.stats = stats
         self.out = OutDir(spec.output_dir)
+        self.backend = backend = backend or model_backend(spec, pre)
         ex = spec.execution
-        name = worker_name()
+        name = stats.worker
         self.leases = Leases(self.out, name, ex.lease_timeout_s, ex.heartbeat_s, self._progress)
         self.failures = FailureLog(self.out, stats.run_id)
         self.claims = Claims(self.out, self.leases, self.failures, error_rows)
-        policy = KPolicy(spec, self.out, name)
+        policy = backend.policy(spec, self.out, name)
         self.scheduler = Scheduler(striped(todo, name), policy, self.leases.live_workers)
         self.stop = StopFlag(ex.shutdown_grace_s)
         self.leases.heart.on_lost = self._heartbeat_lost
         types = pre.column_types
         passthrough = {c: types[c] for c in spec.input.passthrough_columns}
         self.writer = PartWriter(self.out, output_schema(types[spec.input.id_column], passthrough))
-        self.tokenizer = load_tokenizer(pre.tokenizer_dir, "model.tokenizer")
-        self.reader = pre.reader
         self._source: ClaimingSource | None = None
         self.live: LiveProgress | None = None
         """The progress shown (``run``'s): it says when an engine starts (``_build``)."""
         self.record = ProgressLog(self.out, name, stats.run_id, self.leases)  # one record
         self.replays = Replays(spec)
-        self.seeding = Seeding(spec, pre.units, self.tokenizer, self.replays)
+        self.seeding = Seeding(spec, pre.units, backend.tokenizer, self.replays)
         # Units the policy took only to explore, up to the last engine record: a probe is
         # taken before its engine starts, so each record counts from the previous one.
         self._explored_counted = 0
@@ -154,14 +155,7 @@ class Worker:
             return engine
         if engine is None:
             engine = self._build(k)
-        builder = PromptBuilder(
-            self.spec.input,
-            self.tokenizer,
-            engine.max_model_len,
-            self.spec.sampling.seed,
-            self.reader,
-            self.spec.sampling,
-        )
+        builder = self.backend.prompts(engine)
         ex = self.spec.execution
         source = ClaimingSource(
             self.scheduler,
@@ -236,7 +230,7 @@ class Worker:
         assert self.live is not None, "engines start within run()"
         try:
             with self.live.starting(starting_line(kind, model)):
-                engine = open_engine(self.spec, k, stopped=lambda: self.stop.stopping)
+                engine = self.backend.open_engine(self.spec, k, lambda: self.stop.stopping)
         except UserError:
             raise
         except Exception as exc:  # its cause is in the engine's output

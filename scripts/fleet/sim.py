@@ -20,15 +20,19 @@ exactly once: yes|no`` for the largest fleet run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import multiprocessing as mp
+import os
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -37,35 +41,37 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from harness import options, parser
 from ops import OpCounter
-from standins import SWITCHES, plan, scale_periods
+from standins import SWITCHES, job, plan, scale_periods
 from worker import SimWorker
 
 from batchspec.io.layout import OutDir, layout_for
 from batchspec.io.manifest import Manifest, claim_output_dir
 
 
-def run_process(cfg: dict, names: list[str], t0: float, result_path: str) -> None:
+def run_process(cfg: dict, names: list[str], t0: float, result_path: str, ended: Barrier) -> None:
     """One process of the fleet: its share of the workers as threads, from ``t0``; kills its
-    share of ``kills`` busy workers (the slow one with ``--slow``) at the kill time."""
+    share of ``kills`` busy workers (the slow one with ``--slow``) at the kill time. It lives
+    until every process is done (``ended``), so that no worker's pid is ever found dead: a
+    killed worker is judged by its silence, as on another host."""
     counter = OpCounter(cfg["out"], t0)
     counter.install()
     scale_periods(cfg["speed"], cfg["off"])
-    units = plan(cfg["units"], cfg["rows"])
-    workers = [SimWorker(cfg, name, units, t0) for name in names]
+    units, spec = plan(cfg["units"], cfg["rows"]), job(cfg["out"], cfg["speed"])
+    workers = [SimWorker(cfg, spec, units, name, t0) for name in names]
     kill_at, killed = t0 + cfg["kill_after_s"] / cfg["speed"], 0
     pool = [w for w in workers if w.slow] if cfg["slow"] > 1 else workers
     time.sleep(max(0.0, t0 - time.time()))
     for w in workers:
         w.thread.start()
     deadline = t0 + cfg["max_s"]
-    while any(w.thread.is_alive() for w in workers) and time.time() < deadline:
+    while any(w.running() for w in workers) and time.time() < deadline:
         if killed < cfg["kills"] and time.time() >= kill_at:
-            victims = [w for w in pool if w.thread.is_alive() and w.busy()]
+            victims = [w for w in pool if w.running() and w.busy()]
             for w in victims[: cfg["kills"] - killed]:
                 w.vanish()
                 killed += 1
         time.sleep(0.05)
-    capped = any(w.thread.is_alive() for w in workers)
+    capped = any(w.running() for w in workers)
     for w in workers:
         w.stop_now()
     data = {
@@ -77,6 +83,8 @@ def run_process(cfg: dict, names: list[str], t0: float, result_path: str) -> Non
         "sites": counter.sites,
     }
     Path(result_path).write_text(json.dumps(data))
+    with contextlib.suppress(threading.BrokenBarrierError):
+        ended.wait(timeout=max(deadline - time.time(), 0) + 60)
 
 
 def exactly_once(out: OutDir, units: int, rows: int) -> tuple[bool, int]:
@@ -170,11 +178,12 @@ def simulate(cfg: dict) -> dict:
     procs = max(1, min(cfg["procs"], cfg["workers"]))
     t0 = time.time() + 1.0 + 0.002 * cfg["workers"]
     paths = [f"{root}.p{i}.json" for i in range(procs)]
-    ps = []
+    ps, fork = [], mp.get_context("fork")
+    ended = fork.Barrier(procs)
     for i in range(procs):
         share = dict(cfg, kills=cfg["kills"] // procs + (i < cfg["kills"] % procs))
-        args = (share, names[i::procs], t0, paths[i])
-        ps.append(mp.get_context("fork").Process(target=run_process, args=args))
+        args = (share, names[i::procs], t0, paths[i], ended)
+        ps.append(fork.Process(target=run_process, args=args))
         ps[-1].start()
     for p in ps:
         p.join()
@@ -294,7 +303,9 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    base = Path(args.out or tempfile.mkdtemp(prefix="sim-fleet-"))
+    base = Path(args.out or tempfile.mkdtemp(prefix="sim-fleet-")).resolve()
+    # Each simulated engine start is remembered (``engines.starts``): not in the user's cache.
+    os.environ["BATCHSPEC_CACHE"] = str(base / "cache")
     print(HEADER, flush=True)
     results = []
     for w in [16, 64, 256, 1000] if args.table else [args.workers]:

@@ -1,26 +1,26 @@
 """The stand-ins of the fleet simulator (``sim.py``) and the clock it runs on.
 
-Only what a simulation of coordination cannot run for real is stood in for: the engine
-(``StandInEngine``: a unit "generates" for ``unit_s`` simulated seconds, ``depth`` units at
-once), the prompt builder (rows made up) and the K policy (``SimPolicy``: K 0, measurements
-shared as ``KPolicy`` shares them). ``SWITCHES`` turn off claiming mechanisms that only save
-work (``--off``), so that one run measures what each buys.
+Only what a simulation of coordination cannot run for real is stood in for, as the worker's
+``work.backend.Backend``: the engine (``StandInEngine``: a unit "generates" for ``unit_s``
+simulated seconds, ``depth`` units at once), the prompt builder (rows made up) and the K
+policy (``SimPolicy``: the product's at K 0, measurements shared as an adaptive one shares
+them). The job (``job``) has production's execution periods divided by the speed, like every
+period of the product (``scale_periods``). ``SWITCHES`` turn off claiming mechanisms that only
+save work (``--off``), so that one run measures what each buys.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Any
 
-from batchspec.io.layout import OutDir
+from batchspec.spec import JobSpec
 from batchspec.spec.execution import ExecutionSpec
 from batchspec.speculation import policy as policy_mod
 from batchspec.speculation import shared as shared_mod
 from batchspec.speculation.estimator import Observation
-from batchspec.speculation.policy import Decision
-from batchspec.speculation.shared import SharedStats
+from batchspec.speculation.policy import KPolicy
 from batchspec.units import RowRequest, RowResult, UnitRequests, UnitResult, WorkUnit
 from batchspec.work import claims as claims_mod
 from batchspec.work import indexes as indexes_mod
@@ -28,9 +28,10 @@ from batchspec.work import leases as leases_mod
 from batchspec.work import live as live_mod
 from batchspec.work import progress as progress_mod
 from batchspec.work import scheduler as scheduler_mod
+from batchspec.work import source as source_mod
 from batchspec.work import watch as watch_mod
+from batchspec.work.backend import Backend
 from batchspec.work.claims import Claims
-from batchspec.work.source import ClaimingSource
 
 PERIODS = {
     scheduler_mod: ["COUNT_WORKERS_S"],
@@ -42,6 +43,7 @@ PERIODS = {
     live_mod: ["SAMPLE_S", "SILENT_S", "LEAD_S"],
     leases_mod: ["COUNT_S"],
     watch_mod: ["WATCH_S"],
+    source_mod: ["POLL_S", "LINGER_POLL_S"],
 }
 """The product's periods, divided by the simulation's speed (those a module has)."""
 
@@ -76,38 +78,37 @@ def plan(units: int, rows: int) -> list[WorkUnit]:
     return [WorkUnit(0, "sim.parquet", i * rows, (i + 1) * rows, None, rows) for i in range(units)]
 
 
-EXECUTION = ExecutionSpec()
-"""Production's lease timeout, heartbeat and linger, divided by the speed like every period."""
+def job(out: str, speed: float) -> JobSpec:
+    """The fleet's job: K 0 on a batch of 16, production's lease timeout, heartbeat, linger
+    and shutdown grace divided by ``speed``; its input is never read (``Rows``)."""
+    ex = ExecutionSpec()
+    keys = ("lease_timeout_s", "heartbeat_s", "linger_s", "shutdown_grace_s")
+    execution = {key: getattr(ex, key) / speed for key in keys}
+    return JobSpec.model_validate(
+        {
+            "input": {"path": "sim.parquet", "prompt_column": "prompt"},
+            "output": {"dir": out},
+            "model": {"model": "sim", "max_num_seqs": 16},
+            "speculative": {"method": "none"},
+            "execution": execution,
+        }
+    )
 
 
-class Vanished(Exception):
-    """The simulated worker was killed: it stops at once, releasing nothing."""
+def backend(unit_s: float, depth: int, dead: threading.Event) -> Backend:
+    """A simulated worker's engines, rows and policy (``dead``: it was killed)."""
+    engine = StandInEngine(unit_s, depth, dead)
+    return Backend(lambda spec, k, stopped: engine, lambda engine: Rows(), policy=SimPolicy)
 
 
-class SimPolicy:
-    """K 0 for every domain; one shared line per committed unit, the others' read as
-    ``KPolicy.refresh`` reads them."""
-
-    version, per_unit, adaptive = (0, None), False, False
-    """``adaptive`` False: K fixed, no domain waits for its first unit (``Scheduler``)."""
-
-    def __init__(self, out: OutDir, worker: str):
-        self.shared = SharedStats(out, worker)
-        self._read_at = -math.inf
+class SimPolicy(KPolicy):
+    """The product's policy (K 0: the job does not speculate), sharing one line per committed
+    unit and reading the others' as an adaptive one does (``KPolicy.refresh``)."""
 
     def refresh(self) -> None:
         if time.monotonic() - self._read_at >= self.shared.pace_s(policy_mod.REFRESH_S):
             self._read_at = time.monotonic()
             self.shared.read_paced()
-
-    def decide(self, rows: dict, engine_k: int | None, workers: int = 1) -> Decision:
-        return Decision(dict.fromkeys(rows, 0), None)
-
-    def taken(self, domain: Any, explored: bool = False) -> None:
-        pass
-
-    def explores(self, domain: Any, planned: int, k: int) -> bool:
-        return False
 
     def observe(self, ob: Observation) -> None:
         self.shared.append(ob)
@@ -122,24 +123,19 @@ class Rows:
         return UnitRequests(unit, rows)
 
 
-class SimSource(ClaimingSource):
-    """The real claiming source; only its idle wait runs on simulated time."""
-
-    speed = 1.0
-
-    def wait(self) -> None:
-        time.sleep((1.0 if self._linger_since is not None else 0.05) / self.speed)
-
-
 class StandInEngine:
-    """Holds up to ``depth`` units, each done ``unit_s`` after it was taken."""
+    """Holds up to ``depth`` units, each done ``unit_s`` after it was taken. Once ``dead`` is
+    set (a kill) it never returns: its worker's thread stands still, as a killed process."""
 
-    k, method, name = 0, "none", "vllm"
+    k, method, name, build_s, max_model_len, k_per_unit = 0, "none", "vllm", 0.0, 2048, False
 
     def __init__(self, unit_s: float, depth: int, dead: threading.Event):
         self.unit_s, self.depth, self.dead = unit_s, depth, dead
 
-    def run(self, source: ClaimingSource, abort: Any) -> Any:
+    def close(self) -> None:
+        pass
+
+    def run(self, source: Any, abort: Any) -> Any:
         inflight: list[tuple[float, UnitRequests]] = []
         while not abort():
             while len(inflight) < self.depth and (unit := source.next_unit()) is not None:
@@ -153,7 +149,7 @@ class StandInEngine:
             due, req = inflight.pop(0)
             # One wakeup per unit: a thousand workers polling every 50 ms starved two cores.
             if self.dead.wait(max(due - time.monotonic(), 0)):
-                raise Vanished
+                threading.Event().wait()  # killed: never again
             req.finished = len(req.rows)
             results = [RowResult(r, "x", 3, 1, "length", timing=None) for r in req.rows]
             yield UnitResult(req, results, 0, "none", "vllm")

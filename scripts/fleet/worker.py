@@ -1,33 +1,28 @@
-"""One simulated worker of ``sim.py``: ``work.worker.Worker``'s loop (prepare, claim, feed an
-engine, commit) over the product's own objects, with ``standins.py``'s engine, rows and policy,
-and claiming instrumented to count what the fleet's table reports."""
+"""One simulated worker of ``sim.py``: the product's own ``work.worker.Worker`` in a thread, on
+``standins.py``'s backend (engine, rows, policy; ``work.backend``), its claiming instrumented to
+count what the fleet's table reports."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from standins import EXECUTION, Rows, SimPolicy, SimSource, StandInEngine, Vanished
+from standins import backend
 
+from batchspec.io.checks import Preflight
 from batchspec.io.layout import OutDir
 from batchspec.io.temps import clean_stale_temps
-from batchspec.io.writer import Commit, PartWriter, output_schema
-from batchspec.speculation.estimator import Observation
-from batchspec.units import UnitResult, WorkUnit
-from batchspec.work.claims import Claims, FailureLog
+from batchspec.spec import JobSpec
+from batchspec.units import WorkUnit
+from batchspec.work.claims import Claims
 from batchspec.work.completion import completion
-from batchspec.work.holders import Holder
-from batchspec.work.indexes import striped
-from batchspec.work.leases import Leases
-from batchspec.work.live import LiveProgress
-from batchspec.work.progress import ProgressLog
-from batchspec.work.scheduler import Scheduler
-from batchspec.work.stopping import StopFlag
+from batchspec.work.runlog import RunStats
+from batchspec.work.worker import Worker
 
 _NULL = open(os.devnull, "w")  # noqa: SIM115 (the simulated workers' progress lines)
 
@@ -87,34 +82,16 @@ class CountingClaims(Claims):
 
 
 class SimWorker:
-    """One worker: ``work.worker.Worker``'s loop over the product's objects, in a thread, under
-    a host name of its own (judged by its heartbeat, never by a pid this process shares)."""
+    """One worker: the product's ``Worker`` run in a thread, named ``name``. A kill freezes it
+    where it stands (``StandInEngine``), as kill -9 would: nothing of its runs again, nothing
+    is released, and others judge it by its silence (its process lives on: ``sim.py``)."""
 
-    def __init__(self, cfg: dict, name: str, units: list[WorkUnit], t0: float):
-        speed, host = cfg["speed"], f"simhost-{name}"
-        self.name, self.units, self.t0, self.speed = name, units, t0, speed
-        self.out = OutDir(cfg["out"])
-        timeout, beat = EXECUTION.lease_timeout_s / speed, EXECUTION.heartbeat_s / speed
-        self.leases = Leases(self.out, name, timeout, beat, self._progress)
-        me = self.leases.me
-        self.leases.me = Holder(name, host, me.pid, me.pid_start, me.timeout_s)
-        self.leases._payload = json.dumps(self.leases.me.__dict__).encode()
-        self.failures = FailureLog(self.out, "sim")
-        self.claims = CountingClaims(self.out, self.leases, self.failures, set(), t0=t0)
-        self.policy = SimPolicy(self.out, name)
-        self.writer = PartWriter(self.out, output_schema(pa.string(), {}))
-        self.record = ProgressLog(self.out, name, "sim", self.leases)
-        # As a Slurm array task logs it: a progress line every 30 simulated s.
-        rows = len(units) * cfg["rows"]
-        self.live = LiveProgress(self.record, self.out, rows, 0, "log", 30.0 / speed, _NULL)
-        self.live.lead._payload = json.dumps({"host": host, "pid": 1}).encode()
+    def __init__(self, cfg: dict, spec: JobSpec, units: list[WorkUnit], name: str, t0: float):
+        self.cfg, self.spec, self.units, self.name, self.t0 = cfg, spec, units, name, t0
         self.dead = threading.Event()
         self.slow = cfg["slow"] > 1 and name == "w00000"
-        unit_s = cfg["unit_s"] * (cfg["slow"] if self.slow else 1.0)
-        self.engine = StandInEngine(unit_s / speed, cfg["depth"], self.dead)
-        self.source: SimSource | None = None
+        self.worker: Worker | None = None
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self.committed = self.discarded = 0
         self.killed_at: float | None = None
         self.held_at_kill: list[str] = []
         self.idle_at: float | None = None
@@ -122,87 +99,69 @@ class SimWorker:
         """What ``run`` would exit with when this worker ends (``work.completion``)."""
         self.error: str | None = None
 
-    def _progress(self) -> dict[str, int]:
-        return self.source.progress() if self.source is not None else {}
+    def running(self) -> bool:
+        """Its thread runs and it was not killed (a killed one's thread stands still)."""
+        return self.thread.is_alive() and self.killed_at is None
 
     def busy(self) -> bool:
-        return bool(self.source is not None and self.source.open)
+        source = self.worker._source if self.worker is not None else None
+        return bool(source is not None and source.open)
 
     def vanish(self) -> None:
         """Kill -9, simulated: heartbeats and records stop, nothing is released."""
+        assert self.worker is not None
         self.killed_at = time.time() - self.t0
-        self.held_at_kill = sorted(self.leases.held)
+        self.held_at_kill = sorted(self.worker.leases.held)
         self.stop_now()
 
     def stop_now(self) -> None:
         self.dead.set()
-        self.leases.heart.stopped.set()
-        self.live._stop.set()
+        if self.worker is not None:
+            self.worker.leases.heart.stopped.set()
+            if self.worker.live is not None:
+                self.worker.live._stop.set()
 
     def _main(self) -> None:
         try:
             self._run()
-        except Vanished:
-            return
         except Exception as exc:  # a broken simulation must not pass as a clean run
             self.error = f"{type(exc).__name__}: {exc}"
             raise
-        self.leases.release_all()
-        self.leases.stop()
-        self.live.close()
-        self.exit_code = int(completion(self.out).exit_code)
+        self.idle_at = time.time() - self.t0
+        self.exit_code = int(completion(OutDir(self.cfg["out"])).exit_code)
 
     def _run(self) -> None:
-        # What prepare_run does at a worker's start: layout, stale temporaries, parts listed.
-        self.out.choose_layout(len(self.units))
-        clean_stale_temps(self.out)
-        done = self.out.committed_units()
-        todo = striped([u for u in self.units if u.unit_id not in done], self.name)
-        scheduler = Scheduler(todo, self.policy, self.leases.live_workers)
-        self.live.start()
-        self.leases.start()
-        SimSource.speed = self.speed
-        while scheduler and not self.dead.is_set():
-            k, first = scheduler.next_engine(0)
-            claimed = first is not None and self.claims.claim(first)
-            unit = first if claimed else self.claims.next(scheduler, k)
-            if unit is None:
-                break
-            linger = EXECUTION.linger_s / self.speed
-            self.source = SimSource(
-                scheduler, self.claims, k, Rows(), StopFlag(30), linger, [unit], 3
-            )
-            self.record.watch(self.source.open_units, k)
-            for result in self.engine.run(self.source, lambda: False):
-                self._commit(result, self.source)
-        self.idle_at = time.time() - self.t0
-
-    def _commit(self, result: UnitResult, source: SimSource) -> None:
-        """``Worker._commit``: the part, the failure record, progress, the shared stats."""
-        uid = result.unit.unit_id
-        outcome, _ = self.writer.commit(result)
-        if outcome is Commit.DISCARDED:
-            self.discarded += 1
-            source.done(uid)
-            return
-        self.committed += 1
-        self.failures.clear(uid)
-        self.record.committed(result, None, close=lambda: source.done(uid))
-        self.policy.observe(Observation.from_result(result, 16))
+        """What ``run_job`` does: the start of ``prepare_run`` (layout, stale temporaries,
+        parts listed; the input is made up), then the worker, its claims counted."""
+        out, cfg = OutDir(self.cfg["out"]), self.cfg
+        out.choose_layout(len(self.units))
+        clean_stale_temps(out)
+        done = out.committed_units()
+        todo = [u for u in self.units if u.unit_id not in done]
+        stats = RunStats(
+            str(out.root), "sim", self.name, len(self.units), len(self.units) - len(todo)
+        )
+        # No files, model or reader: the backend's rows are made up, it loads no tokenizer.
+        pre = Preflight([], {"id": pa.string()}, self.units, Path(), Path(), None, None, [])  # type: ignore[arg-type]
+        unit_s = cfg["unit_s"] * (cfg["slow"] if self.slow else 1.0) / cfg["speed"]
+        parts = backend(unit_s, cfg["depth"], self.dead)
+        self.worker = w = Worker(self.spec, pre, todo, set(), stats, parts)
+        w.claims = CountingClaims(out, w.leases, w.failures, set(), t0=self.t0)
+        w.run("log", 30.0 / cfg["speed"], _NULL)  # as a Slurm array task logs it
 
     def report(self) -> dict:
-        c = self.claims
-        keys = [
-            "name",
-            "committed",
-            "discarded",
-            "killed_at",
-            "held_at_kill",
-            "idle_at",
-            "exit_code",
-            "error",
-        ]
-        return {key: getattr(self, key) for key in keys} | {
+        keys = ["name", "killed_at", "held_at_kill", "idle_at", "exit_code", "error"]
+        mine = {key: getattr(self, key) for key in keys}
+        if self.worker is None:  # it failed before its worker was made (``error`` says why)
+            none: dict[str, Any] = dict(committed=0, discarded=0, first_claim=None, lingers=0)
+            return (
+                mine | none | dict(claims=[], conflicts=[], conflict_kinds={}, watched=[], looks=[])
+            )
+        c, stats = self.worker.claims, self.worker.stats
+        assert isinstance(c, CountingClaims)
+        return mine | {
+            "committed": stats.units_committed,
+            "discarded": stats.units_discarded,
             "claims": c.claimed,
             "conflicts": c.conflicts,
             "conflict_kinds": dict(c.kinds),
