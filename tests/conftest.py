@@ -72,23 +72,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 LONGEST_FIRST = [
-    "test_tree_engine.py",
-    "test_interrupts.py",
-    "test_crash.py",
-    "test_e2e.py",
-    "test_verify.py",
     "test_tune.py",
-    "test_adaptive.py",
-    "test_slurm.py",
+    "test_interrupts.py",
+    "test_verify.py",
     "test_workers.py",
+    "test_crash.py",
+    "test_slurm.py",
+    "test_adaptive.py",
+    "test_e2e.py",
     "test_run_batch.py",
+    "test_tree_engine.py",
     "test_observe_run.py",
     "test_orphans.py",
     "test_seeding_run.py",
 ]
-"""The files that start engines, longest first (as measured in CI: 140-200 s down to ~25 s):
-parallel workers take files in collection order, and a long file taken last would leave the
-other worker idle. Order only."""
+"""The files that start engines, longest first (as measured): parallel workers take files in
+collection order, and a long file taken last would leave the other worker idle. Order only."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import CPU_BIND_ENV, ROOT
-from support.runs import TREE_ENGINE, check_output, resume_job
+from support.runs import check_output, resume_job
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("slurm")]
 
@@ -82,11 +82,8 @@ def test_array_runs_survives_scancel_and_a_resubmit_completes_exactly_once(
 ) -> None:
     """A 2-task array, status while it runs, scancel, a resubmit that completes the input
     exactly once, status once complete, and a scheduled resubmit that does nothing; the
-    finisher after each array fails while the run is incomplete and completes once it is.
-    On the tree engine: four engine starts, two at a time on one core each, cost ~100 s on
-    vLLM here; what Slurm does to vLLM's processes is what a group SIGTERM does
-    (``test_interrupts``)."""
-    job, ids = resume_job(tmp_path, rows=48, unit_rows=4, max_tokens=8, speculative=TREE_ENGINE)
+    finisher after each array fails while the run is incomplete and completes once it is."""
+    job, ids = resume_job(tmp_path, rows=48, unit_rows=4, max_tokens=16)
     data = yaml.safe_load(job.read_text())
     data["execution"]["shutdown_grace_s"] = 2  # scancel signals the tasks: do not wait long
     job.write_text(yaml.safe_dump(data))

@@ -17,9 +17,16 @@ from batchspec.io.layout import OutDir
 pytestmark = pytest.mark.engine
 
 
-def test_tune_measures_both_engines_and_the_run_takes_the_faster(tmp_path: Path) -> None:
-    """~70-90 s alone (four engines in-process, then the run): the route's arithmetic alone
-    is ``test_route``'s, without engines."""
+def test_tune_measures_both_engines_and_the_run_takes_the_faster(
+    tmp_path: Path, full: bool
+) -> None:
+    """88 s alone at a load of 1-3, 316 s at 4-5, 546 s in a clean-clone CI at 5 (four engines,
+    each measuring a fixed amount of work, then the run): runs with ``--full`` (the suite's
+    time budget). By default the route's arithmetic is checked without engines
+    (``test_route``), and the K the run takes per domain from a tuning file on real vLLM
+    (``test_adaptive``)."""
+    if not full:
+        pytest.skip("tune on both engines: runs with --full")
     # 4 prompts per domain, batch 4: a sample of 2 rows is raised to the full batch.
     speculative = {"k_grid": [0, 3], "engine": "auto", "tree": {"max_depth": 3}}
     job = small_job(
