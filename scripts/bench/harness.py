@@ -149,6 +149,25 @@ def timed(fn: Callable[[], object], reps: int, pick: Callable = statistics.media
     return pick(times)
 
 
+def step_ms(model: Any, rows: int, nodes: int, reps: int, pick: Callable = statistics.fmean):
+    """Ms of a tree-engine verify step of ``rows`` x ``nodes`` on a ``TreeModel`` (a chain
+    behind each row's cache; the cost does not depend on the shape): ``pick`` of ``reps``
+    timed steps after warm-ups that capture a CUDA graph where the model has them."""
+    import torch
+
+    slots = list(range(rows))
+    pos = torch.tensor([model.cache_len[s] for s in slots]).unsqueeze(1) + torch.arange(nodes)
+    mask = torch.ones(nodes, nodes, dtype=torch.bool).tril().expand(rows, nodes, nodes)
+    tokens = torch.randint(100, model.vocab_size, (rows, nodes))
+
+    def step() -> None:  # the host sync (.item()) ends it: wall time is the step's
+        model.verify(slots, tokens, pos, mask)[0, 0].argmax().item()
+
+    for _ in range(2):  # with timed's warm-up, three: the graph captured by then
+        step()
+    return timed(step, reps, pick) * 1e3
+
+
 def ints(text: str) -> list[int]:
     """A comma list of integers, as the benchmarks take sizes and K on the command line."""
     return [int(x) for x in text.split(",") if x.strip()]

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
-from harness import cli, job_file, parser
+from harness import cli, job_file, options, parser
 
 from batchspec.io.layout import OutDir
 from batchspec.spec.file import load_spec
@@ -71,7 +71,7 @@ def _lost_work(out: OutDir, since: float) -> tuple[int, int]:
     return rows, units
 
 
-def _start(job: Path, workers: int) -> subprocess.Popen:
+def _start(job: str | Path, workers: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "batchspec", "run", str(job), "--no-progress"]
     if workers > 1:
         cmd += ["--workers", str(workers)]
@@ -81,7 +81,7 @@ def _start(job: Path, workers: int) -> subprocess.Popen:
 
 
 def kill_trials(
-    job: Path,
+    job: str | Path,
     out: OutDir,
     trials: int,
     seed: int,
@@ -173,12 +173,11 @@ def report(trials: list[Trial], unit_rows: int, workers: int, alone: bool) -> No
 
 
 def parse_args() -> argparse.Namespace:
+    # --job: kill runs of this job (kept; --rows etc. unused); --no-finish: no final run, no
+    # check; --json: the trials as one JSON line.
     ap = parser(__doc__, trials=10, workers=1, rows=240, unit_rows=8, max_tokens=32, seed=0)
-    ap.add_argument("--job", type=Path, help="kill runs of this job (kept; --rows etc. unused)")
     ap.add_argument("--kill", choices=["group", "alone"], default="group", help="alone: the worker")
-    ap.add_argument("--no-finish", action="store_true", help="no final run, no check")
-    ap.add_argument("--json", action="store_true", help="print the trials as one JSON line")
-    return ap.parse_args()
+    return options(ap, job=None, no_finish=False, json=False).parse_args()
 
 
 def main() -> None:

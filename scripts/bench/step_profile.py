@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-from harness import JOBS, header, parser
+from harness import JOBS, header, ints, parser
 from tree_lib import sample, variant
 
 
@@ -79,11 +79,8 @@ def main() -> None:
     from batchspec.spec.file import load_spec
 
     spec = load_spec(args.job, [f"sampling.max_tokens={args.max_tokens}"])
-    ks = [int(k) for k in args.ks.split(",")]
-    job = variant(spec, args.batch, spec.speculative.tree.model_dump())
-    job = job.model_copy(
-        update={"speculative": job.speculative.model_copy(update={"k_grid": sorted(set(ks))})}
-    )
+    ks = ints(args.ks)
+    job = variant(spec, args.batch, spec.speculative.tree.model_dump(), k_grid=sorted(set(ks)))
     smp = sample(spec, args.rows)
     eng = open_engine(job, max(ks))
     profile = eng.step_profile

@@ -9,7 +9,6 @@ figure). Embedded model, the job's dtype (float32), greedy, CPU; docs/benchmarks
 - T4: batch-1 plain decode steps/s x weight bytes against the copy bandwidth.
 
     .venv/bin/python scripts/bench/tree.py             # 4 prompts per domain, 64 tokens
-    .venv/bin/python scripts/bench/tree.py --quick     # smoke: 1 per domain, 32 tokens, batch 1
 """
 
 from __future__ import annotations
@@ -28,10 +27,6 @@ from batchspec.engines.tree.ngram import NgramDrafter
 from batchspec.measure.distill_data import Row
 from batchspec.spec.tree import TreeSpec
 
-QUICK = {"rows": 1, "max_tokens": 32, "rounds": 1, "batches": "1", "check_batch": 6}
-QUICK |= {"tree_ks": "0,4", "chain_ks": "3", "t3_nodes": "4,8,16"}
-"""``--quick``: a smoke run, 1 prompt per domain, 32 tokens, batch 1."""
-
 
 def parse() -> argparse.Namespace:
     """--rows: the first N prompts of every domain; --check-batch: T1's and T3's runs' batch;
@@ -41,11 +36,7 @@ def parse() -> argparse.Namespace:
     engine's torch threads (default: torch's)."""
     ap = parser(__doc__, job=str(JOBS / "synth_tree.yaml"), rows=4, max_tokens=64, rounds=2)
     options(ap, batches="1,8,16", check_batch=16, tree_ks="0,2,4,8", chain_ks="0,1,3,5")
-    options(ap, t3_nodes="4,8,16", t3_check=8, depth=0, threads=0, quick=False)
-    args = ap.parse_args()
-    for key, value in QUICK.items() if args.quick else ():
-        setattr(args, key, value)
-    return args
+    return options(ap, t3_nodes="4,8,16", t3_check=8, depth=0, threads=0).parse_args()
 
 
 class Bench:

@@ -17,7 +17,7 @@ import time
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch: see engines/tree/model.py
 
 import torch
-from harness import ROOT, abba, header, ints, options, parser, ratio, timed
+from harness import ROOT, abba, header, ints, options, parser, ratio, step_ms
 
 from batchspec.engines.tree.drafting import Ask
 from batchspec.engines.tree.model import TreeModel
@@ -28,29 +28,15 @@ MODEL = "smollm2-135m-instruct"
 LONG_SET = ROOT / "jobs" / "data" / "prompts_long.parquet"
 
 
-def chain(n: int, at: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A verify's inputs for a chain of ``n`` nodes behind ``at`` cached tokens (a chain and a
-    tree of the same size cost the same forward: only the mask differs)."""
-    tokens = torch.arange(n).view(1, n) + 100
-    positions = at + torch.arange(n).view(1, n)
-    mask = torch.ones(n, n, dtype=torch.bool).tril().unsqueeze(0)
-    return tokens, positions, mask
-
-
 def verify_costs(model: TreeModel, nodes: list[int], rounds: int, reps: int) -> dict:
-    """Plain-step and verify seconds per node count, ABBA; the cache is left as it was."""
-    at = model.cache_len[0]
-    plain = chain(1, at)
+    """Plain-step and verify ms (median of ``reps``) per node count, ABBA."""
     out = {}
     for n in nodes:
-        args = chain(n, at)
-        runs = {"plain": plain, "verify": args}
 
-        def run(config: str, _round: int, runs: dict = runs) -> float:
-            return timed(lambda: model.verify([0], *runs[config]), reps)
+        def run(config: str, _round: int, n: int = n) -> float:
+            return step_ms(model, 1, n if config == "verify" else 1, reps, statistics.median)
 
-        got = abba(list(runs), rounds, run, lambda _c, s: f"{s * 1e3:.1f} ms")
-        out[n] = got
+        out[n] = got = abba(["plain", "verify"], rounds, run, lambda _c, ms: f"{ms:.1f} ms")
         print(f"N={n:>2}: verify/plain {ratio(got['verify'], got['plain'])}", flush=True)
     return out
 
@@ -93,10 +79,10 @@ def main() -> None:
     nodes = ints(args.nodes)
     costs = verify_costs(model, nodes, args.rounds, args.reps)
     plain = statistics.fmean(s for got in costs.values() for s in got["plain"])
-    draft = drafting_seconds(args.k, args.rows, steps=32)
+    draft = drafting_seconds(args.k, args.rows, steps=32) * 1e3
     print(
-        f"n-gram drafting, K={args.k}: {draft * 1e3:.2f} ms a step, "
-        f"{draft / plain:.1%} of a plain step ({plain * 1e3:.1f} ms)"
+        f"n-gram drafting, K={args.k}: {draft:.2f} ms a step, "
+        f"{draft / plain:.1%} of a plain step ({plain:.1f} ms)"
     )
     if 8 in costs:
         print(f"verify/plain step {ratio(costs[8]['verify'], costs[8]['plain'])} at 8 nodes")

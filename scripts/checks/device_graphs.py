@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import abba, copy_bandwidth, header, parser, ratio, tee, timed
+from harness import abba, copy_bandwidth, header, parser, ratio, step_ms, tee
 
 from batchspec.engines.base import ListSource
 from batchspec.engines.tree.engine import TreeEngine
@@ -69,22 +69,6 @@ RUNS = {
     "sampled draft": (4, True, True, True),
 }
 """The engine runs at each batch size: name: (K, on graphs, sampled, draft-model trees)."""
-
-
-def step_ms(model: TreeModel, rows: int, nodes: int, reps: int) -> float:
-    """Mean ms of a step of ``rows`` x ``nodes`` (a chain; cost does not depend on the
-    shape), after warm-ups that capture the step's graph."""
-    slots = list(range(rows))
-    pos = torch.tensor([model.cache_len[s] for s in slots]).unsqueeze(1) + torch.arange(nodes)
-    mask = torch.ones(nodes, nodes, dtype=torch.bool).tril().expand(rows, nodes, nodes)
-    tokens = torch.randint(100, model.vocab_size, (rows, nodes))
-
-    def step() -> None:  # the host sync (.item()) ends it: wall time is the step's
-        model.verify(slots, tokens, pos, mask)[0, 0].argmax().item()
-
-    for _ in range(2):  # with timed's warm-up, three: the graph captured by then
-        step()
-    return timed(step, reps, statistics.fmean) * 1e3
 
 
 def device_ops(model: TreeModel, graphs: CudaGraphs | None) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import PLANTED, cli, flags, job_file, options, parser, verify
+from harness import PLANTED, flags, job_file, options, parser, parts, run_cli, verify
 
 SAMPLING = {
     "n": 4,
@@ -91,12 +91,10 @@ def compare_rows(tmp: Path, engine: str, k_top: int, args: argparse.Namespace) -
         name = f"{engine}_rows_k{k_top}_{'plain' if k == 0 else 'spec'}"
         rows = {"rows": args.rows}
         job = write_job(tmp, engine, name, rows, k, max_tokens=args.max_tokens, logprobs=k_top)
-        done, _ = cli("run", str(job), "--no-progress")
-        if done.returncode != 0:
-            return f"{engine} rows k={k_top}: run exit {done.returncode}\n{done.stderr[-2000:]}"
-        frames.append(
-            pl.read_parquet(tmp / name / "parts" / "*.parquet").sort("id", "sample_index")
-        )
+        got = run_cli(job, tmp / name, check=False)
+        if "exit" in got:
+            return f"{engine} rows k={k_top}: run exit {got['exit']}: {got['error']}"
+        frames.append(parts(tmp / name).sort("id", "sample_index"))
     plain, spec = frames
     same, bad, drift = logprob_drift(plain, spec, k_top)
     accepted, drafted = spec["num_accepted_tokens"].sum(), spec["num_draft_tokens"].sum()
