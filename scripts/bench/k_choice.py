@@ -34,9 +34,7 @@ def figures(job: str, out: Path, sets: list[str], limit: int | None = None) -> d
     import polars as pl
 
     got = run_cli(job, out, sets, limit)
-    engines = got.pop("engines")
-    # Recorded per engine by workers that count them (issue 22); absent from older logs.
-    explored = [e["units_explored"] for e in engines if "units_explored" in e]
+    explored = sum(e["units_explored"] for e in got.pop("engines"))  # every engine's record
     done = parts(out)
     rates = done.group_by("domain").agg(
         pl.col("num_output_tokens").sum() / (pl.col("e2e_s") - pl.col("queue_s")).sum()
@@ -46,7 +44,7 @@ def figures(job: str, out: Path, sets: list[str], limit: int | None = None) -> d
     for d, k, n in units.iter_rows():
         k_units.setdefault(d, {})[str(k)] = n
     return got | {
-        "units_explored": sum(explored) if explored else None,
+        "units_explored": explored,
         "domain_rates": dict(rates.iter_rows()),
         "k_units": k_units,
     }
@@ -270,8 +268,7 @@ def main() -> None:
     from batchspec.spec.file import load_spec
 
     spec = load_spec(args.job)
-    grid = args.k_grid or ",".join(map(str, spec.speculative.k_grid))
-    args.k_grid = sorted(int(k) for k in grid.split(","))
+    args.k_grid = sorted(ints(args.k_grid) if args.k_grid else spec.speculative.k_grid)
     if 0 not in args.k_grid:
         raise SystemExit("--k-grid must include 0 (plain decoding is the baseline)")
     batches = ints(args.batches)
