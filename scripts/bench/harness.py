@@ -2,7 +2,7 @@
 measures: the transcript header the docs quote, ABBA rounds over named configurations, ratios
 with their spread across rounds, a balanced sample of a job's rows, ``batchspec run`` on a job
 with ``--set`` overrides (in a subprocess, as a user runs it), and a measurement in a fresh
-process (for its own peak RSS).
+process.
 
 Benchmarks import it as ``from harness import ...``: Python puts a script's own folder first
 on ``sys.path``, so this works from any working directory. Importing it quiets vLLM's and
@@ -257,16 +257,13 @@ def parts(out: Path):
 
 def fresh(fn: Callable[..., dict], *args: Any) -> dict:
     """``fn(*args)`` (a module-level function of a benchmark, JSON arguments and result) in a
-    fresh interpreter, with that process's own peak RSS added as ``peak_mb``: VmHWM, since
-    ``ru_maxrss`` survives exec and a child would report its parent's size."""
+    fresh interpreter: its imports and caches are that call's alone."""
     module = sys.modules[fn.__module__]
     folder, name = Path(module.__file__).parent, Path(module.__file__).stem
     code = (
         f"import json, sys; sys.path[:0] = [{str(folder)!r}, {str(Path(__file__).parent)!r}]\n"
         f"from {name} import {fn.__name__} as fn\n"
-        "got = fn(*json.loads(sys.argv[1]))\n"
-        "hwm = next(x for x in open('/proc/self/status') if x.startswith('VmHWM:')).split()[1]\n"
-        "print('@@' + json.dumps({**got, 'peak_mb': int(hwm) / 1024}))\n"
+        "print('@@' + json.dumps(fn(*json.loads(sys.argv[1]))))\n"
     )
     done = subprocess.run([sys.executable, "-c", code, json.dumps(args, default=str)],
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
