@@ -76,6 +76,7 @@ def main() -> None:
     header()
     os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="profile-bench-")
     from batchspec.engines import ListSource, open_engine
+    from batchspec.observe.report import format_profile_check  # as ``report`` prints it
     from batchspec.spec.file import load_spec
 
     spec = load_spec(args.job, [f"sampling.max_tokens={args.max_tokens}"])
@@ -100,10 +101,7 @@ def main() -> None:
     print(f"{len(smp.rows)} rows at K {ks} (batch {args.batch}): {len(rec.steps)} steps, "
           f"{tokens} tokens in {wall:.1f} s; per-step real vs predicted:")  # fmt: skip
     report(rec.steps)
-    check = profile.check
-    print(f"check after the run: measured / profiled {check.pool.mean_ratio():.2f} over "
-          f"{check.pool.steps} steps, profile scaled x{check.scale:.2f}, cells priced as "
-          f"measured {sorted(check.replaced)}")  # fmt: skip
+    print(format_profile_check(args.batch, profile.summary(args.batch, sorted(set(ks)))))
     plain = list(eng.run(ListSource(units(smp, [0] * len(ks))), lambda: False))
     eng.close()
     want = {r.request.row: r.token_ids for d in plain for r in d.results}
