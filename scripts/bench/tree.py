@@ -32,11 +32,11 @@ def parse() -> argparse.Namespace:
     """--rows: the first N prompts of every domain; --check-batch: T1's and T3's runs' batch;
     --tree-ks: the tree engine's K (draft nodes per step); --chain-ks: vLLM's n-gram chains'
     K; --t3-nodes: K of trees against chains (replayed), --t3-check the K run for real to
-    check the replay; --depth: T5 trees' max_depth (default: the job's); --threads: the tree
-    engine's torch threads (default: torch's)."""
+    check the replay; --threads: the tree engine's torch threads (default: torch's). T5's
+    trees have the job's shape (``speculative.tree``)."""
     ap = parser(__doc__, job=str(JOBS / "synth_tree.yaml"), rows=4, max_tokens=64, rounds=2)
     options(ap, batches="1,8,16", check_batch=16, tree_ks="0,2,4,8", chain_ks="0,1,3,5")
-    return options(ap, t3_nodes="4,8,16", t3_check=8, depth=0, threads=0).parse_args()
+    return options(ap, t3_nodes="4,8,16", t3_check=8, threads=0).parse_args()
 
 
 class Bench:
@@ -50,8 +50,6 @@ class Bench:
         if self.spec.speculative.tree is None:
             raise SystemExit(f"{args.job}: no speculative.tree section")
         self.shape = self.spec.speculative.tree.model_dump()
-        if args.depth:
-            self.shape["max_depth"] = args.depth
         self.smp: tl.Sample = tl.sample(self.spec, args.rows)
         s = self.spec.speculative
         self.lookup = (s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
