@@ -86,7 +86,6 @@ def kill_trials(
     trials: int,
     seed: int,
     workers: int = 1,
-    startup_share: float = 0.2,
     alone: bool = False,
 ) -> list[Trial]:
     """Kill -9 a run of ``job`` ``trials`` times at random points (fewer if it finishes): its
@@ -97,7 +96,7 @@ def kill_trials(
         before = len(out.committed_units())
         started = time.time()
         proc = _start(job, workers)
-        if rng.random() < startup_share:
+        if rng.random() < 0.2:  # a fifth of the kills while the engine starts
             when, delay = "startup", rng.uniform(1.0, 15.0)
             time.sleep(delay)
         else:
