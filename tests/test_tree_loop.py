@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import CPU_BIND_ENV, job_dict
+from support.feeds import Watched, one_row_units
 
 from batchspec.engines.base import ListSource
 from batchspec.engines.tree.drafting import replay
@@ -287,3 +288,16 @@ def test_suffix_trees_are_plain_decoding_and_replay_against_earlier_rows_gives_t
         )
         assert counts(r) == (sum(got.nodes), tuple(got.depth), tuple(got.accepted))
         drafter.learn(r.request.domain, r.token_ids)
+
+
+def test_a_finished_unit_is_handed_over_before_the_next_is_taken() -> None:
+    """The next unit's K is chosen knowing the units that just finished (a domain's first
+    unit tells every K by replay): one slot, three one-row units, each taken only after the
+    one before it reached the consumer. Taking before handing over gives [0, 0, 1]."""
+    eng = engine(cycle_model(1), 2, NGRAM)
+    got: list[Any] = []
+    source = Watched(one_row_units(cycle_prompts(3, 8)), got)
+    for res in eng.run(source, lambda: False):
+        got.append(res)
+    eng.close()
+    assert len(got) == 3 and source.held_at_take == [0, 1, 2]

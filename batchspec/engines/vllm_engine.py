@@ -132,16 +132,18 @@ class VllmEngine:
 
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
         """``base.Engine.run``: units are pulled whenever fewer than ``low_water`` requests
-        are unfinished."""
+        are unfinished, after the units the last step finished are handed over: the next
+        unit's K is then chosen knowing them (a domain's first unit tells every K by replay)."""
         batch = self._batch = Batch(self)
         try:
             while not should_abort():
+                yield from batch.finished()
                 while self.engine.get_num_unfinished_requests() < self.low_water:
                     unit = source.next_unit()
                     if unit is None:
                         break
                     batch.add(unit)
-                yield from batch.finished()
+                yield from batch.finished()  # rows that failed at submission
                 if not batch.inflight:
                     if source.exhausted():
                         return

@@ -127,17 +127,17 @@ class TreeEngine:
         return torch.Generator(device=self.model.device).manual_seed(seed)
 
     def run(self, source: UnitSource, should_abort: Callable[[], bool]) -> Iterator[UnitResult]:
-        """``base.Engine.run``: rows join the batch as slots free up, across unit boundaries."""
+        """``base.Engine.run``: rows join as slots free up, once the finished units are out."""
         opened: list[OpenUnit] = []
         waiting: deque[tuple[OpenUnit, int]] = deque()
         try:
             while not should_abort():
+                yield from self._finished(opened)
                 while self.free and (waiting or self._pull(source, opened, waiting)):
                     if waiting:
                         self._start(*waiting.popleft())
-                yield from self._finished(opened)
                 if not self.rows:
-                    if waiting:
+                    if waiting or any(e.left == 0 for e in opened):  # ended at prefill
                         continue
                     if source.exhausted():
                         return
