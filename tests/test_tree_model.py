@@ -15,7 +15,9 @@ from batchspec.models import embedded_dir, prepare
 NAME = "smollm2-135m-instruct"
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 8302, 28, 2234]
 OTHER = [1, 2683, 314, 253, 2017, 30]
-TOL = 1e-4
+TOL = 2e-4
+"""The same float32 math, batched or alone: GEMM blocking differs with the row count (logits
+of ~20 differ by < 1e-4 with AVX-512, 1.1e-4 on an AVX2-only EPYC); a padding leak is O(1)."""
 HF_TOL = 3e-4
 """Against transformers: the same float32 math summed in another order (fused matrices)."""
 TREE = [-1, 0, 0, 1, 1, 2, 3]

@@ -193,8 +193,14 @@ def convert(
     """Fuse HF-named weights into ``Linear``s; ``hf`` is emptied as it goes, so the HF copy of
     a tensor is freed as soon as its converted copy exists (peak memory ~ one model + a layer).
     """
-    cpu_dtype = dtype in (torch.float32, torch.bfloat16)
-    pack = device == "cpu" and cpu_dtype and torch.backends.mkldnn.is_available()
+    # oneDNN packs bfloat16 only on CPUs with native bf16 support (AVX-512 or AVX-NE-CONVERT);
+    # elsewhere (AVX2-only CPUs) its reorder raises, and bf16 runs on the plain matrix.
+    bf16 = dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    pack = (
+        device == "cpu"
+        and (dtype == torch.float32 or bf16)
+        and torch.backends.mkldnn.is_available()
+    )
 
     def take(name: str) -> torch.Tensor:
         return hf.pop(name).to(device=device, dtype=dtype)
