@@ -108,7 +108,8 @@ def sets_for(config: str, res: dict[str, Any], fixed: list[int], batch: int) -> 
     """The overrides of one configuration (the oracle and schedule from the runs so far)."""
     if config == "adaptive":
         return ["speculative.adaptive=true"]
-    off = ["speculative.adaptive=false"]
+    # A fixed K runs the job's method: drafters are the controller's choice (adaptive alone).
+    off = ["speculative.adaptive=false", "speculative.drafters=null"]
     if config == "oracle":
         res["oracle_k"].append(oracle_k(res["runs"], fixed))
         return [*off, f"speculative.per_domain={res['oracle_k'][-1]}"]

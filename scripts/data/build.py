@@ -9,6 +9,8 @@
 - ``long``: the long-context set, ``prompts_long.parquet`` (``long_prompts.py``).
 - ``extract``: ``extract.parquet`` for ``jobs/synth_extract.yaml``: short notes about a person,
   each asking for the name, age and city as JSON; ``expected`` keeps the true values.
+- ``records``: ``records.parquet`` for ``jobs/synth_records.yaml``: six task templates filled in
+  40 times each, shaped like users' synthetic-data jobs (``records.py``).
 
     python scripts/data/build.py prompts            # writes jobs/data/prompts.parquet
     python scripts/data/build.py prompts --check    # exit 1 if the Parquet is not the JSONL's
@@ -91,19 +93,22 @@ def extract() -> pa.Table:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("set", choices=["prompts", "long", "extract"])
+    ap.add_argument("set", choices=["prompts", "long", "extract", "records"])
     ap.add_argument("--jsonl", type=Path, default=DATA / "prompts.jsonl", help="prompts, long")
     ap.add_argument("--out", type=Path, help="default: the set's file in jobs/data/")
     ap.add_argument("--short", type=int, default=40, help="long: rows per short domain")
     ap.add_argument("--tokens", type=int, default=750, help="long: long rows' prompt tokens (~)")
     ap.add_argument("--check", action="store_true", help="compare with --out, write nothing")
     args = ap.parse_args()
-    names = {"prompts": "prompts", "long": "prompts_long", "extract": "extract"}
-    out = args.out or DATA / f"{names[args.set]}.parquet"
+    out = args.out or DATA / f"{'prompts_long' if args.set == 'long' else args.set}.parquet"
     if args.set == "long":
         from long_prompts import build, describe
 
         table = build(args.jsonl, args.short, args.tokens)
+    elif args.set == "records":
+        from records import build as records
+
+        table = records()
     else:
         table = prompts(args.jsonl) if args.set == "prompts" else extract()
     if args.check:
