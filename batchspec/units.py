@@ -194,9 +194,12 @@ class RowResult:
     """With ``speculative.drafters``, ``replayed`` for every drafter that replays exactly
     (n-gram and suffix trees), on the same row: what the K controller prices each with."""
     replayed_drafted: dict[int, int] | None = None
-    """Per K of the grid, the draft tokens the replayed drafter proposed (vLLM's n-gram
-    chains; None elsewhere): what the row's drafts would cost each step, which the K
-    controller prices per domain. Not an output column."""
+    """Per K of the grid, the drafts the replayed drafter proposed over the row: draft tokens
+    of vLLM's n-gram chains, draft nodes of the tree engine's n-gram and suffix trees (K or
+    fewer a step); None where not replayed. What the row's drafts would cost its steps, which
+    the K controller prices per domain (``Controller.fill_cost``). Not an output column."""
+    replays_drafted: dict[str, dict[int, int]] | None = None
+    """With ``speculative.drafters``, ``replayed_drafted`` for every drafter in ``replays``."""
 
     @property
     def running_s(self) -> float | None:

@@ -109,6 +109,35 @@ def test_the_drafts_each_k_proposed_reach_the_units_observation() -> None:
     ]
 
 
+def test_tree_replay_counts_the_nodes_each_k_drafts() -> None:
+    """The tree engine's n-gram trees (n-grams of 1, depth 4) on a hand-worked row: prompt
+    9 7 8 9 7 6, output 9 7 5 6. After the first token (9) the context's 9s were followed by
+    7 8 9 7 6 9 and 7 6 9, whose trie is 7 -> {8 -> 9 -> 7, 6 -> 9}: six nodes within depth
+    4, 7 ranked first (two continuations). K=1 drafts 7, K=2 7 and one child, K=4 four
+    nodes, K=8 all six (fewer than K: the trie has no more); each accepts the 7 alone (the
+    output goes on with 5). The next step's root, 5, never occurred before: no tree. So
+    three decode tokens in two steps, and the nodes drafted at K are 1, 2, 4 and 6: what the
+    row's steps cost (``Controller.fill_cost``), handed to the unit's ``Observation`` as
+    vLLM's drafts are, per drafter too (a suffix drafter that learned nothing yet drafts the
+    n-gram trie)."""
+    speculative = {"engine": "tree", "method": "ngram", "drafters": ["ngram", "suffix"]}
+    speculative |= {"prompt_lookup_min": 1, "prompt_lookup_max": 1, "k_grid": [0, 1, 2, 4, 8]}
+    spec = JobSpec.model_validate(
+        job_dict(Path("unused"), speculative={**speculative, "tree": {"max_depth": 4}})
+    )
+    replays = Replays(spec)
+    replays.engine_up(SimpleNamespace(name="tree", k=0, max_model_len=100))
+    request = RowRequest(0, "a", "d", {}, [9, 7, 8, 9, 7, 6])
+    row = RowResult(request, num_output_tokens=4, token_ids=[9, 7, 5, 6])
+    unit = UnitResult(UnitRequests(WorkUnit(0, "x", 0, 1, "d", 1)), [row], 0, "ngram", "tree")
+    replays.replay(unit)
+    assert row.replayed == {0: 0, 1: 1, 2: 1, 4: 1, 8: 1}
+    assert row.replayed_drafted == {0: 0, 1: 1, 2: 2, 4: 4, 8: 6}
+    want = [[0, 3, 0, 0], [1, 3, 1, 1], [2, 3, 1, 2], [4, 3, 1, 4], [8, 3, 1, 6]]
+    ob = Observation.from_result(unit, 1)
+    assert ob.replay == want and ob.replays == {"ngram": want, "suffix": want}
+
+
 def tree_replayer(eng, grid: list[int]) -> Replayer:
     return Replayer(eng.spec, "tree", grid, eng.max_model_len)
 
@@ -117,7 +146,9 @@ def test_tree_replay_equals_the_engines_counts_greedy_and_sampled() -> None:
     """The tree engine's loop at K=4 (n-gram trees, depth 4) on the cycle model with loud
     layers (trees accepted in part), greedy and sampled (temperature 1): the replayer's count
     at K=4 is each row's real accepted count on every row. Sampled rows too, since the
-    emitted token equals a draft child exactly when the one-hot rule accepted it."""
+    emitted token equals a draft child exactly when the one-hot rule accepted it. The nodes
+    replay counts at K=4 are the engine's own drafted nodes on every row: each tree is drawn
+    from committed tokens alone."""
     rows = random_prompts(8, 10, seed=3)
     torch.manual_seed(0)
     model = cycle_model(4, noise=0.1)
@@ -129,6 +160,11 @@ def test_tree_replay_equals_the_engines_counts_greedy_and_sampled() -> None:
         assert sum(real) > 0
         assert [replayer.row(r)[2] for r in got] == real
         assert all(replayer.row(r)[0] == 0 for r in got)
+        nodes = []
+        for r in got:
+            replayer.row(r)
+            nodes.append(replayer.drafted["ngram"][4])
+        assert nodes == [r.spec.drafted if r.spec else 0 for r in got] and sum(nodes) > 0
 
 
 def test_suffix_replay_at_batch_1_equals_the_engines_counts() -> None:

@@ -11,7 +11,7 @@ from batchspec.io.layout import OutDir
 from batchspec.observe.report import _fmt, _table
 from batchspec.speculation.drafters import DrafterChoice, Pick
 from batchspec.speculation.shared import SharedStats
-from batchspec.speculation.steps import read_drafting, read_step_costs
+from batchspec.speculation.steps import read_drafting, read_fill_cost, read_step_costs
 
 DrafterView = tuple[int, dict[str | None, Pick]]
 
@@ -36,7 +36,9 @@ def drafter_view(out: OutDir) -> DrafterView | None:
     drafting = read_drafting(out, "tree", batch)
     if seconds is not None:
         own = batch * drafting.get(method, 0.0)
-        choice.price(lambda k: seconds(k) - (own if k > 0 else 0.0), drafting.get)
+        fill = read_fill_cost(out, "tree", batch)  # a domain's own drafted nodes
+        filled = (lambda k, f: fill(k, f) - (own if k > 0 else 0.0)) if fill else None
+        choice.price(lambda k: seconds(k) - (own if k > 0 else 0.0), drafting.get, filled)
     for ob in observations:
         choice.add(ob)
     domains = sorted({o.domain for o in chose}, key=lambda d: (d is None, d or ""))

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import polars as pl
 
+from batchspec.engines.tree.drafted import seconds_drafted
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.observe.scan import PARTS_PER_SCAN, Scan, scan_output, table_of, with_latency
@@ -71,7 +72,7 @@ def controller_view(out: OutDir) -> ControllerView | None:
     ctl = Controller(
         batch, grid, default_k=max(grid), step_cost=read_step_costs(out, engine, batch)
     )
-    ctl.fill_cost = read_fill_cost(out, engine, batch)  # as the run priced (vLLM)
+    ctl.fill_cost = read_fill_cost(out, engine, batch)  # each domain's drafts, as the run
     ctl.load_observations(tuning.observations(batch, engine or ""))
     for ob in observations:
         ctl.add(ob)
@@ -175,8 +176,8 @@ def format_step_fit(out: OutDir) -> str:
 def format_profile_check(batch: int, check: dict) -> str:
     """The tree engine's step profile against the run's own steps (``engines.tree.step_check``):
     the mean ratio, whether it rescaled the profile, each cell with steps enough to judge
-    (measured against profiled, and whether its own figure replaced the profile's), and the
-    price of every K beside its profiled forward."""
+    (measured against profiled, and whether its own figure replaced the profile's), the
+    price of every K beside its profiled forward, and the nodes the replayed trees held."""
     band = f"±{check['tolerance'] - 1:.0%}"
     verdict = (
         f"beyond {band} and noise: profile scaled x{check['scale']:.2f}"
@@ -197,7 +198,27 @@ def format_profile_check(batch: int, check: dict) -> str:
         f"K={k} {s * 1000:.1f} (profiled {p * 1000:.1f})" for k, (s, p) in check["priced"].items()
     )
     lines.append(f"  a step of {batch} rows, ms: {priced}")
-    return "\n".join(lines)
+    return "\n".join(lines + _drafted_nodes(batch, check))
+
+
+def _drafted_nodes(batch: int, check: dict) -> list[str]:
+    """The nodes the run's replayed trees held a decode step at each K > 0, every domain
+    pooled (the tree engine's fill, as vLLM's line gives its drafts' share of their slots),
+    and the forward a step of ``batch`` rows is priced at there (``engines.tree.drafted``:
+    the widest tree's bound); each domain is priced at its own nodes. None in older runs."""
+    drafted = {int(k): float(v) for k, v in (check.get("drafted") or {}).items() if int(k) > 0}
+    if not drafted or not check.get("by_nodes"):
+        return []
+    prices = {int(n): float(s) for n, s in check["by_nodes"]}
+    cells = []
+    for k, mean in sorted(drafted.items()):
+        ms = seconds_drafted(prices.__getitem__, sorted(prices), k, mean / k, batch) * 1000
+        cells.append(f"K={k} {mean:.2f} ({mean / k:.0%}), {ms:.1f} ms")
+    widest = f" at the widest of {batch} such trees" if batch > 1 else ""
+    return [
+        "  replayed trees held, nodes a decode step (every domain pooled), and the forward a"
+        f" step of them is priced at{widest}: " + ", ".join(cells)
+    ]
 
 
 def with_controller(table: pl.DataFrame, view: ControllerView | None) -> pl.DataFrame:

@@ -42,7 +42,9 @@ class Controller:
         ``StepProfile``, vLLM's fit of its steps); None: step times only from measured rates."""
         self.fill_cost: Callable[[int, float], float] | None = None
         """Seconds of one step at K whose rows each draft a share ``fill`` of K (vLLM's fit:
-        ``StepCosts.seconds_at``), to price a domain's K at its own drafts (``Predictions``)."""
+        ``StepCosts.seconds_at``; the tree engine's profile at the nodes its trees hold:
+        ``StepProfile.seconds_at``), to price a domain's K at its own drafts
+        (``Predictions``)."""
         self.obs: dict[tuple[str | None, int], Observation] = {}
         self.version = 0
         """Counts the observations taken in: predictions change only when it does."""
@@ -66,9 +68,10 @@ class Controller:
         """Per domain and K: replayed rows' decode tokens, and the drafts replay accepted."""
         self._replay_accepted = np.zeros_like(self._running)
         self._replay_drafted = np.zeros_like(self._running)
-        """Per domain and K: draft tokens replay proposed (vLLM's n-gram chains), and the
-        decode steps of the rows that count them (tokens − accepted): their share of K
-        filled per step is what their drafts cost (``Predictions``)."""
+        """Per domain and K: drafts replay proposed (draft tokens of vLLM's n-gram chains,
+        draft nodes of the tree engine's trees), and the decode steps of the rows that count
+        them (tokens − accepted): their share of K filled per step is what their drafts cost
+        (``Predictions``)."""
         self._replay_steps = np.zeros_like(self._running)
         self._produced = np.zeros((0, 2))
         """Per domain, over every K: rows and output tokens."""
@@ -159,6 +162,14 @@ class Controller:
             if tokens > 0:
                 out[k] = float(tokens / max(tokens - self._replay_accepted[i, k], 1.0))
         return out
+
+    def drafted_per_step(self) -> dict[int, float]:
+        """Drafts per decode step at each K of the grid, replayed, every domain pooled: what
+        a step at K is priced at for a domain not seen yet (``fill_cost``), which ``report``
+        shows beside the step's prices (each seen domain is priced at its own)."""
+        drafts, steps = self._replay_drafted.sum(axis=0), self._replay_steps.sum(axis=0)
+        grid = [k for k in self.k_grid if k < len(steps) and steps[k] > 0]
+        return {k: float(drafts[k] / steps[k]) for k in grid}
 
     def measured_k(self, domain: str | None) -> list[int]:
         """The K of the grid this domain's rows ran at (at this batch size)."""

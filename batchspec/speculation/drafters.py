@@ -97,12 +97,21 @@ class DrafterChoice:
         """Changes whenever a prediction could."""
         return sum(ctl.version for ctl in self.ctls.values())
 
-    def price(self, step: Callable[[int], float], per_row: Callable[[str], float | None]) -> None:
+    def price(
+        self,
+        step: Callable[[int], float],
+        per_row: Callable[[str], float | None],
+        filled: Callable[[int, float], float] | None = None,
+    ) -> None:
         """Price a step of each drafter at K: ``step(K)`` (the verify forward, profiled) plus,
         at K > 0, the batch's rows times ``per_row(drafter)`` (measured drafting seconds per
-        row; None: never measured, so no K > 0 of that drafter is priced)."""
+        row; None: never measured, so no K > 0 of that drafter is priced). ``filled(K,
+        fill)``: the verify forward at a domain's own drafts (``Controller.fill_cost``), so
+        each drafter's K is priced at the nodes its own trees hold in the domain."""
         for drafter, ctl in self.ctls.items():
-            ctl.step_cost = _priced(step, per_row, drafter, self.batch)
+            ctl.step_cost = _priced(lambda k, f: step(k), per_row, drafter, self.batch)
+            if filled is not None:
+                ctl.fill_cost = _priced(filled, per_row, drafter, self.batch)
             ctl.version += 1
             ctl._table = None
 
@@ -165,14 +174,18 @@ class DrafterChoice:
 
 
 def _priced(
-    step: Callable[[int], float], per_row: Callable[[str], float | None], drafter: str, batch: int
-) -> Callable[[int], float]:
-    """Seconds of a step at K with ``drafter`` (``DrafterChoice.price``)."""
+    step: Callable[[int, float], float],
+    per_row: Callable[[str], float | None],
+    drafter: str,
+    batch: int,
+) -> Callable[..., float]:
+    """Seconds of a step at K with ``drafter`` (``DrafterChoice.price``), its rows' trees
+    filling a share ``fill`` of K (1: all K nodes, the step's price)."""
 
-    def cost(k: int) -> float:
+    def cost(k: int, fill: float = 1.0) -> float:
         if k <= 0:
-            return step(0)
+            return step(0, 0.0)
         drafting = per_row(drafter)  # None: never measured (no replay, no unit ran it)
-        return float("nan") if drafting is None else step(k) + batch * drafting
+        return float("nan") if drafting is None else step(k, fill) + batch * drafting
 
     return cost

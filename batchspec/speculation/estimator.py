@@ -109,8 +109,9 @@ class Observation:
     """Replayed acceptance (``replay``), one ``[K, tokens, accepted]`` per K of the grid:
     over the replayed rows, their output tokens after the first (the decode steps' share)
     and the draft tokens replay accepted at K; tokens per step at K is tokens / (tokens −
-    accepted). vLLM's n-gram chains add a fourth, the draft tokens proposed (what the drafts
-    cost: ``Controller.fill_cost``). Empty where no row was replayed (and in files of older
+    accepted). Replay adds a fourth, the drafts proposed: draft tokens of vLLM's n-gram
+    chains, draft nodes of the tree engine's trees (what the drafts cost:
+    ``Controller.fill_cost``). Empty where no row was replayed (and in files of older
     runs)."""
     drafter: str | None = None
     """The drafter its rows ran with (``speculative.drafters``); None: the job's method."""
@@ -159,16 +160,11 @@ class Observation:
             self.rate_sq += (tokens / r.running_s) ** 2
         # Metrics of an engine without speculation (K=0) are not acceptance measurements.
         if r.replayed is not None:
-            drafted = r.replayed_drafted or {}
-            self.add_replay(
-                [
-                    [k, tokens - 1, a, *([drafted[k]] if k in drafted else [])]
-                    for k, a in r.replayed.items()
-                ]
-            )
+            self.add_replay(replay_items(tokens - 1, r.replayed, r.replayed_drafted))
         for name, replayed in (r.replays or {}).items():
+            drafted = (r.replays_drafted or {}).get(name)
             add_replay(
-                self.replays.setdefault(name, []), [[k, tokens - 1, a] for k, a in replayed.items()]
+                self.replays.setdefault(name, []), replay_items(tokens - 1, replayed, drafted)
             )
         spec = r.spec if self.k > 0 else None
         accepted = spec.accepted if spec else 0
@@ -198,6 +194,15 @@ class Observation:
             "rate_sq",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def replay_items(
+    tokens: int, accepted: dict[int, int], drafted: dict[int, int] | None
+) -> list[list[int]]:
+    """One row's replay as ``Observation.replay`` items: ``[K, tokens, accepted]`` per K, and
+    the drafts proposed at K fourth where the replay counted them."""
+    drafted = drafted or {}
+    return [[k, tokens, a, *([drafted[k]] if k in drafted else [])] for k, a in accepted.items()]
 
 
 def add_replay(sums: list[list[int]], items: list[list[int]]) -> None:

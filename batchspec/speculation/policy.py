@@ -133,15 +133,20 @@ class KPolicy:
             costs = self.draft_costs = getattr(engine, "draft_costs", None)
             per_row = costs.per_row if costs is not None else lambda d: None
             method = self.spec.speculative.method
-            # The profile prices the verify forward; drafting adds its measured seconds.
-            self.ctl.step_cost = lambda k: (
-                float(seconds(batch(), k)) + (batch() * (per_row(method) or 0.0) if k > 0 else 0.0)
-            )
-            seconds_at = getattr(profile, "seconds_at", None)  # vLLM: a domain's own drafts
-            if seconds_at is not None:
-                self.ctl.fill_cost = lambda k, fill: float(seconds_at(batch(), k, fill))
+
+            def drafting(k: int) -> float:
+                """What drafting adds to a step at K (measured): the profile prices the
+                verify forward alone."""
+                return batch() * (per_row(method) or 0.0) if k > 0 else 0.0
+
+            self.ctl.step_cost = lambda k: float(seconds(batch(), k)) + drafting(k)
+            # A domain's own drafts: vLLM's draft tokens, the tree engine's draft nodes.
+            seconds_at = getattr(profile, "seconds_at", None)
+            filled = (lambda k, f: float(seconds_at(batch(), k, f))) if seconds_at else None
+            if filled is not None:
+                self.ctl.fill_cost = lambda k, fill: filled(k, fill) + drafting(k)
             if self.drafters is not None:
-                self.drafters.price(lambda k: float(seconds(batch(), k)), per_row)
+                self.drafters.price(lambda k: float(seconds(batch(), k)), per_row, filled)
             self.ctl.version += 1
             self.ctl._table = None
             self._write_steps()
@@ -153,6 +158,8 @@ class KPolicy:
             seconds = {k: cost(k) for k in self.ctl.k_grid}
             summary = getattr(self._profile, "summary", None)  # the fit, or the check
             fit = summary(self.ctl.batch, self.ctl.k_grid) if summary else None
+            if fit is not None and fit.get("kind") == "tree-profile":
+                fit["drafted"] = self.ctl.drafted_per_step()  # the nodes K is priced at
             drafting = getattr(self.draft_costs, "summary", dict)()
             args = (self.engine, self.ctl.batch, seconds, fit, drafting)
             write_step_costs(self.out, self.worker, *args)

@@ -130,7 +130,8 @@ class Predictions:
     ) -> np.ndarray:
         """Each domain's step at every K priced at its own drafts (``fill_cost``): at the
         share of K its rows' drafts fill a step, replayed at that K where replay counted the
-        drafts (vLLM's n-gram chains: exact for greedy rows, from the domain's first unit at
+        drafts (vLLM's n-gram chains, the tree engine's n-gram and suffix trees, whose tries
+        often hold fewer nodes than K: exact for greedy rows, from the domain's first unit at
         any K), else its coverage where its rows drafted (an n-gram chain drafts K tokens or
         none, so a row drafts coverage·K a step: measured within 2 % per domain), else the
         pooled price (rows of ``step``, one per domain and the blank one). Shares differ

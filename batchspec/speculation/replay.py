@@ -21,6 +21,10 @@ engine's. Drafts that need a model or Arctic Inference (vLLM's draft model, EAGL
 decoding; the tree engine's draft-model trees) are not replayed: their rows carry no replay,
 and the controller measures those K instead.
 
+Beside the accepted drafts, replay counts the drafts proposed at every K: vLLM's draft tokens,
+the trees' draft nodes (a trie holds K or fewer). They are what a domain's steps cost at K,
+priced per domain (``Controller.fill_cost``), from its first unit at any K.
+
 One caveat on vLLM: it counts draft tokens accepted past a row's end (an EOS or ``max_tokens``
 inside an accepted draft; its sampler accepts before the stop check truncates the output),
 which no replay can know: the replay counts only emitted tokens, as the tree engine does.
@@ -118,6 +122,24 @@ def replay_chain(
     return Chain(steps, drafted, accepted, open_end)
 
 
+class TreeSteps(NamedTuple):
+    """The tree engine's trees at one K replayed over one row (``Replayer._tree``)."""
+
+    steps: int
+    """Verify steps that drafted (a tree beyond its root)."""
+    nodes: int
+    """Draft nodes the trees held, summed over the row's steps: K or fewer a step (a trie
+    holds only the continuations it has seen), what the row's steps cost at batch 1."""
+    accepted: int
+
+
+class Trees(NamedTuple):
+    """A drafter's trees over one row at every K of the grid, in its order."""
+
+    accepted: list[int]
+    nodes: list[int]
+
+
 @dataclass
 class Replayer:
     """Replays the job's drafter over finished rows at every K of ``grid``.
@@ -131,9 +153,11 @@ class Replayer:
     open_end: set[int] = field(default_factory=set)
     """The K at which the last row's final draft outran the row's end (vLLM n-gram only):
     there vLLM's own count may exceed the replay's."""
-    drafted: dict[int, int] | None = None
-    """The last row's draft tokens proposed at each K of the grid (vLLM n-gram only; None
-    elsewhere): what its drafts cost, priced per domain (``Chain.drafted``)."""
+    drafted: dict[str, dict[int, int]] | None = None
+    """Per drafter replayed (as ``each``), the last row's drafts at each K of the grid: draft
+    tokens of vLLM's chains (``Chain.drafted``), draft nodes of the tree engine's trees (the
+    verify forward's width at batch 1: ``engines.tree.drafted``); what its drafts cost,
+    priced per domain (``Controller.fill_cost``). None where the row was not replayed."""
     suffix: Any = None
     """``method: suffix`` on the tree engine: the ``SuffixDrafter`` replayed, whose domain
     indexes learn each row after it is replayed (made on the first row)."""
@@ -189,40 +213,42 @@ class Replayer:
         if not self.supported or r.error is not None or not prompt or not out:
             return None
         if self.engine == TREE:
-            got = {d: self._timed(d, prompt, out, r.request.domain) for d in self.drafters}
+            trees = {d: self._timed(d, prompt, out, r.request.domain) for d in self.drafters}
             if self.suffix is not None:
                 self.suffix.learn(r.request.domain, out)
-            return got
+            self.drafted = {
+                d: dict(zip(self.grid, got.nodes, strict=True)) for d, got in trees.items()
+            }
+            return {d: got.accepted for d, got in trees.items()}
         s = self.spec.speculative
         lo, hi = vllm_lookup(s.prompt_lookup_min, s.prompt_lookup_max)
         tokens = [*prompt, *out]
         starts = ngram_starts(tokens, len(prompt) + 1, lo, hi)
-        accepted, self.drafted = [], {}
+        accepted, drafted = [], {}
         for k in self.grid:
             chain = replay_chain(tokens, len(prompt), starts, k, self.max_model_len)
             accepted.append(chain.accepted if k > 0 else 0)
-            self.drafted[k] = chain.drafted if k > 0 else 0
+            drafted[k] = chain.drafted if k > 0 else 0
             if chain.open_end and k > 0:
                 self.open_end.add(k)
+        self.drafted = {"ngram": drafted}
         return {"ngram": accepted}
 
-    def _timed(
-        self, drafter: str, prompt: list[int], out: list[int], domain: str | None
-    ) -> list[int]:
-        """``drafter``'s accepted tokens at every K, its time per drafting step noted in
+    def _timed(self, drafter: str, prompt: list[int], out: list[int], domain: str | None) -> Trees:
+        """``drafter``'s trees at every K of the grid, its time per drafting step noted in
         ``costs`` (the whole replay's: an upper bound on the drafting alone)."""
         started = time.perf_counter()
         got = [self._tree(drafter, prompt, out, domain, k) for k in self.grid]
         if self.costs is not None:
-            steps = sum(steps for _, steps in got)
+            steps = sum(t.steps for t in got)
             self.costs.add(drafter, time.perf_counter() - started, steps, replayed=True)
-        return [accepted for accepted, _ in got]
+        return Trees([t.accepted for t in got], [t.nodes for t in got])
 
     def _tree(
         self, method: str, prompt: list[int], out: list[int], domain: str | None, k: int
-    ) -> tuple[int, int]:
+    ) -> TreeSteps:
         """The tree engine's n-gram or suffix trees (``method``) at K with the domain's shape
-        (its own defaults): draft tokens accepted, and steps that drafted."""
+        (its own defaults) over one row."""
         # Imported here: the tree engine's modules import torch (a second of every CLI
         # command's start, ``validate`` and ``status`` included, which reach this module).
         from batchspec.engines.tree.drafting import replay
@@ -230,11 +256,11 @@ class Replayer:
 
         s = self.spec.speculative
         if k <= 0 or s.tree is None:
-            return 0, 0
+            return TreeSteps(0, 0, 0)
         # The tree engine's own defaults (``engines/tree/load.py``), not vLLM's rule.
         lo, hi = s.prompt_lookup_min or 1, s.prompt_lookup_max or 3
         drafter = self._suffix() if method == "suffix" else NgramDrafter(lo, hi)
         shape = s.tree.shape_for(domain)
         max_tokens = min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt))
         got = replay(drafter, prompt, out, k, shape, max_tokens, domain=domain)
-        return sum(got.accepted), len(got.accepted)
+        return TreeSteps(len(got.accepted), sum(got.nodes), sum(got.accepted))

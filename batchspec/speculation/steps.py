@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from batchspec.engines.tree.drafted import seconds_drafted
 from batchspec.engines.vllm_steps import FEATURES, decode_step_seconds
 from batchspec.io.layout import OutDir
+from batchspec.spec.tree import TREE
 
 
 def steps_path(out: OutDir, worker: str) -> Path:
@@ -98,10 +100,15 @@ def read_drafting(out: OutDir, engine: str | None, batch: int) -> dict[str, floa
 def read_fill_cost(
     out: OutDir, engine: str | None, batch: int
 ) -> Callable[[int, float], float] | None:
-    """vLLM's step at K with rows drafting a share of K each (``Controller.fill_cost``), from
-    the newest worker's fit at this batch size; None on the tree engine or without a fit."""
+    """A step at K with rows drafting a share of K each (``Controller.fill_cost``), from the
+    newest worker's account at this batch size: vLLM's fit, or the tree engine's prices by
+    node count; None without either (older runs, another batch size)."""
     found = read_step_fit(out)
-    if engine != "vllm" or found is None or found[0] != batch:
+    if found is None or found[0] != batch:
+        return None
+    if engine == TREE:
+        return _tree_fill_cost(out, batch, found[1])
+    if engine != "vllm":
         return None
     given = found[1].get("coefficients")
     if not isinstance(given, dict) or set(given) != set(FEATURES):
@@ -109,6 +116,27 @@ def read_fill_cost(
     coef = np.array([float(given[f]) for f in FEATURES])
     rows = float(found[1].get("rows", batch))  # the rows the run's steps carried
     return lambda k, fill: decode_step_seconds(coef, rows, k, fill * k)
+
+
+def _tree_fill_cost(
+    out: OutDir, batch: int, check: dict[str, Any]
+) -> Callable[[int, float], float] | None:
+    """The tree engine's step at K at a domain's drafted nodes, as the worker priced it
+    (``StepProfile.seconds_at``): its seconds at each node count (``by_nodes``, corrected by
+    the run's steps) at the widest tree's bound, plus what the step file's seconds at K hold
+    beyond the forward at K nodes: the job's method's drafting."""
+    table, step = check.get("by_nodes"), read_step_costs(out, TREE, batch)
+    if not isinstance(table, list) or not table or step is None:
+        return None
+    prices = {int(n): float(s) for n, s in table}
+    nodes = sorted(prices)
+
+    def cost(k: int, fill: float) -> float:
+        forward = seconds_drafted(prices.__getitem__, nodes, k, fill, batch)
+        full = seconds_drafted(prices.__getitem__, nodes, k, 1.0, batch)
+        return forward + (step(k) - full if k > 0 else 0.0)
+
+    return cost
 
 
 def read_step_fit(out: OutDir) -> tuple[int, dict[str, Any]] | None:

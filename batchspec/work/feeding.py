@@ -68,14 +68,17 @@ class Replays:
 
     def _keep(self, r: RowResult, each: dict[str, list[int]], drafter: str | None) -> None:
         """A row's replays: the replay of the drafter it ran (``replayed``: its columns,
-        its check), and with ``speculative.drafters`` every drafter's (``replays``)."""
+        its check), and with ``speculative.drafters`` every drafter's (``replays``); beside
+        each, the drafts it proposed at every K (what they cost a step)."""
         grid = self.replayer.grid if self.replayer is not None else []
         replays = {d: dict(zip(grid, accepted, strict=True)) for d, accepted in each.items()}
-        r.replayed = replays.get(drafter or self.spec.speculative.method)
-        if self.replayer is not None:
-            r.replayed_drafted = self.replayer.drafted
+        ran = drafter or self.spec.speculative.method
+        r.replayed = replays.get(ran)
+        drafted = (self.replayer.drafted if self.replayer is not None else None) or {}
+        r.replayed_drafted = drafted.get(ran)
         if self.spec.speculative.drafters is not None:
             r.replays = replays
+            r.replays_drafted = drafted
 
     def _check(
         self, replayed: dict[int, int], spec: SpecStats | None, k: int, open_end: set[int]

@@ -30,14 +30,15 @@ import os
 import platform
 import statistics
 import time
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from batchspec.engines.tree.drafted import interp, seconds_drafted
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.step_check import StepCheck
 
@@ -68,14 +69,30 @@ class StepProfile:
 
     def forward_seconds(self, batch: int, nodes: int) -> float:
         """The verify forward's measured seconds, interpolated between cells."""
-        per_batch = [_interp(self.nodes, row, nodes) for row in self.table]
-        return max(_interp(self.batches, per_batch, batch), 0.0)
+        per_batch = [interp(self.nodes, row, nodes) for row in self.table]
+        return max(interp(self.batches, per_batch, batch), 0.0)
 
     def seconds(self, batch: int, nodes: int) -> float:
         """Predicted seconds of a step of ``batch`` rows whose widest tree has ``nodes`` draft
         nodes (0: a plain decode step): the measured forward, as this run's own steps have
         corrected it (``step_check``)."""
         return self.check.price((batch, nodes), self.forward_seconds(batch, nodes))
+
+    def seconds_at(self, batch: int, k: int, fill: float) -> float:
+        """Seconds of a step of ``batch`` rows at ``k`` whose trees hold ``fill``·k nodes a
+        step on average (a domain's replayed drafts, ``Controller.fill_cost``): priced at the
+        widest tree's bound (``drafted``), between the node counts around it as this run's
+        steps have corrected them."""
+        return seconds_drafted(
+            partial(self.seconds, batch), self.priced_nodes(batch), k, fill, batch
+        )
+
+    def priced_nodes(self, batch: int) -> list[int]:
+        """The node counts a step of ``batch`` rows is priced at: the profile's, and those
+        the run's own steps replaced at this batch (``step_check``: the profile's shape is
+        wrong there, so a price between two node counts must pass through them)."""
+        own = {n for b, n in self.check.replaced if b == batch}
+        return sorted({*self.nodes, *own})
 
     def observe(self, batch: int, nodes: int, seconds: float) -> None:
         """A real step's seconds: checked against the profile's cell."""
@@ -85,19 +102,15 @@ class StepProfile:
 
     def summary(self, batch: int, grid: list[int]) -> dict[str, Any]:
         """For the run's step file and ``report``: the check (cells measured against
-        profiled) and, at ``batch``, each K's price beside its profiled forward."""
+        profiled) and, at ``batch``, each K's price beside its profiled forward, and the
+        price at each node count a domain's drafted nodes are priced between
+        (``seconds_at``)."""
         profiled = {c: self.forward_seconds(*c) for c in self.check.cells}
         priced = {k: [self.seconds(batch, k), self.forward_seconds(batch, k)] for k in grid}
-        return {"kind": "tree-profile", **self.check.summary(profiled), "priced": priced}
-
-
-def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
-    """Piecewise linear through (xs, ys), xs ascending; linear beyond the ends."""
-    if len(xs) == 1:
-        return ys[0]
-    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
-    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        # What a domain's drafts are priced at between node counts (``report``, ``status``).
+        by_nodes = [[n, self.seconds(batch, n)] for n in self.priced_nodes(batch)]
+        check = self.check.summary(profiled)
+        return {"kind": "tree-profile", **check, "priced": priced, "by_nodes": by_nodes}
 
 
 def batch_sizes(max_num_seqs: int) -> list[int]:
