@@ -14,7 +14,7 @@ import pytest
 from batchspec.engines.tree.profile import StepProfile
 from batchspec.engines.tree.step_check import MIN_STEPS
 from batchspec.io.layout import OutDir
-from batchspec.observe.report import format_step_fit
+from batchspec.observe.step_view import format_step_fit
 from batchspec.speculation.controller import Controller
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.steps import write_step_costs

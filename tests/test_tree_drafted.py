@@ -17,7 +17,8 @@ from batchspec.engines.tree.drafted import widest_nodes
 from batchspec.engines.tree.profile import StepProfile
 from batchspec.engines.tree.step_check import MIN_STEPS
 from batchspec.io.layout import OutDir
-from batchspec.observe.report import controller_view, format_step_fit
+from batchspec.observe.report import controller_view
+from batchspec.observe.step_view import format_step_fit
 from batchspec.spec import JobSpec
 from batchspec.speculation.estimator import Observation
 from batchspec.speculation.policy import KPolicy

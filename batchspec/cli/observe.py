@@ -143,12 +143,8 @@ status = status_command(
 def report(out_dir: str, plots: str | None, markdown: bool) -> None:
     """Per-domain table of a run's committed output (with the K controller's view), and plots."""
     from batchspec.observe.drafter_view import drafter_view, format_drafter_view
-    from batchspec.observe.report import (
-        format_domain_table,
-        format_k_view,
-        format_step_fit,
-        full_report,
-    )
+    from batchspec.observe.report import format_domain_table, format_k_view, full_report
+    from batchspec.observe.step_view import format_step_fit
 
     out = existing_out(out_dir)
     scan, table, view = full_report(out)

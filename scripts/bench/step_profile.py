@@ -76,7 +76,7 @@ def main() -> None:
     header()
     os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="profile-bench-")
     from batchspec.engines import ListSource, open_engine
-    from batchspec.observe.report import format_profile_check  # as ``report`` prints it
+    from batchspec.observe.step_view import format_profile_check  # as ``report`` prints it
     from batchspec.spec.file import load_spec
 
     spec = load_spec(args.job, [f"sampling.max_tokens={args.max_tokens}"])
