@@ -41,7 +41,9 @@ def one_domain_job(tmp: Path, rows: int, unit_rows: int) -> tuple[Path, list[str
 def test_failed_units_rerun_stalled_engine_killed_poison_row_bisected_out(tmp_path: Path) -> None:
     job, ids = one_domain_job(tmp_path, rows=4, unit_rows=2)
     spec = yaml.safe_load(job.read_text())
-    spec["execution"]["engine_stall_s"] = 5
+    # Long enough that a loaded machine's slow first step is not taken for the injected hang
+    # (5 s killed a healthy engine under CI's load: a fourth, uninjected failure).
+    spec["execution"]["engine_stall_s"] = 15
     job.write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
     # Every engine dies at its third step; one attempt per unit: both units fail at once.
