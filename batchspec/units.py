@@ -200,6 +200,10 @@ class RowResult:
     the K controller prices per domain (``Controller.fill_cost``). Not an output column."""
     replays_drafted: dict[str, dict[int, int]] | None = None
     """With ``speculative.drafters``, ``replayed_drafted`` for every drafter in ``replays``."""
+    suffix_view: int | None = None
+    """The tree engine's suffix drafter: the position of the domain's index below which the
+    row drafted (``drafting.Learner.view``), which its replay reads the same index below.
+    None from other engines and drafters. Not an output column."""
 
     @property
     def running_s(self) -> float | None:

@@ -182,6 +182,36 @@ def test_suffix_replay_at_batch_1_equals_the_engines_counts() -> None:
     assert sum(tree_replayer(eng, [4]).row(r)[0] for r in got) < sum(real)
 
 
+def test_suffix_replay_at_batch_4_reads_the_engines_index_as_each_row_did() -> None:
+    """``method: suffix`` at batch 4 with rows of different lengths: rows finish out of input
+    order and each drafts from the rows finished before its first draft, some of which
+    finish after rows before it in the unit. Replayed in the unit's order against the
+    engine's own indexes below each row's ``suffix_view``, the count at K=4 is every row's
+    real one. A replayer with an index of its own, learning rows in the unit's order (the
+    after-the-fact replay this replaced), misses some; one that pins no view (reads the
+    whole index, the row's own output in it) counts more than the engine did."""
+    gen = torch.Generator().manual_seed(4)
+    lengths = torch.randint(6, 16, (12,), generator=gen).tolist()
+    rows = [p[:n] for p, n in zip(random_prompts(12, 16, seed=7), lengths, strict=True)]
+    torch.manual_seed(0)
+    model = cycle_model(4, noise=0.1)
+    eng = engine(model, 4, SUFFIX, {7})
+    got = run(eng, rows)
+    real = [r.spec.accepted if r.spec else 0 for r in got]
+    views = [r.suffix_view for r in got]
+    assert sum(real) > 0 and None not in views
+    exact = tree_replayer(eng, [4])
+    exact.learner = eng.learner
+    assert [exact.row(r)[0] for r in got] == real
+    after = tree_replayer(eng, [4])
+    assert [after.row(r)[0] for r in got] != real
+    unpinned = tree_replayer(eng, [4])
+    unpinned.learner = eng.learner
+    for r in got:
+        r.suffix_view = 1 << 40
+    assert sum(unpinned.row(r)[0] for r in got) > sum(real)
+
+
 def test_sampled_replay_at_another_k_is_an_unbiased_estimate() -> None:
     """Sampled rows at K=4 replayed at K=1, against real sampled rows at K=1 (other seeds):
     the mean accepted tokens per row agree within three standard errors of their

@@ -159,8 +159,14 @@ class Replayer:
     verify forward's width at batch 1: ``engines.tree.drafted``); what its drafts cost,
     priced per domain (``Controller.fill_cost``). None where the row was not replayed."""
     suffix: Any = None
-    """``method: suffix`` on the tree engine: the ``SuffixDrafter`` replayed, whose domain
-    indexes learn each row after it is replayed (made on the first row)."""
+    """``method: suffix`` on the tree engine: the ``SuffixDrafter`` replayed (made on the
+    first row). With ``learner`` it reads the engine's indexes; without, its own, which learn
+    each row after it is replayed (exact at batch 1 only, where rows finish in order)."""
+    learner: Any = None
+    """The engine's suffix drafter (``TreeEngine.learner``): a row is replayed against its
+    indexes below the row's ``suffix_view``, i.e. as the row drafted from them, whatever
+    finished around it while it decoded; exact at any batch (unless a million tokens of the
+    domain evicted what it read before its replay). The replayer then learns nothing."""
 
     costs: Any = None
     """The engine's ``multi.DraftCosts``: each tree drafter's replay time per drafting step
@@ -183,7 +189,7 @@ class Replayer:
         """Outputs the engine learned before any row of ``domain`` (committed parts, read
         back: ``work/seeding.py``), learned here too, so the domain's rows replay against
         the index the engine drafted from."""
-        if "suffix" in self.drafters:
+        if "suffix" in self.drafters and self.learner is None:
             for out in outputs:
                 self._suffix().learn(domain, out)
 
@@ -195,7 +201,8 @@ class Replayer:
 
             s = self.spec.speculative
             ngram = NgramDrafter(s.prompt_lookup_min or 1, s.prompt_lookup_max or 3)
-            self.suffix = SuffixDrafter(ngram, s.suffix)
+            indexes = getattr(self.learner, "indexes", None)
+            self.suffix = SuffixDrafter(ngram, s.suffix, indexes)
         return self.suffix
 
     def row(self, r: RowResult) -> list[int] | None:
@@ -213,8 +220,10 @@ class Replayer:
         if not self.supported or r.error is not None or not prompt or not out:
             return None
         if self.engine == TREE:
-            trees = {d: self._timed(d, prompt, out, r.request.domain) for d in self.drafters}
-            if self.suffix is not None:
+            if self.learner is not None and r.suffix_view is None and "suffix" in self.drafters:
+                return None  # not a row of the engine whose index it reads
+            trees = {d: self._timed(d, prompt, out, r) for d in self.drafters}
+            if self.suffix is not None and self.learner is None:
                 self.suffix.learn(r.request.domain, out)
             self.drafted = {
                 d: dict(zip(self.grid, got.nodes, strict=True)) for d, got in trees.items()
@@ -234,21 +243,21 @@ class Replayer:
         self.drafted = {"ngram": drafted}
         return {"ngram": accepted}
 
-    def _timed(self, drafter: str, prompt: list[int], out: list[int], domain: str | None) -> Trees:
+    def _timed(self, drafter: str, prompt: list[int], out: list[int], r: RowResult) -> Trees:
         """``drafter``'s trees at every K of the grid, its time per drafting step noted in
         ``costs`` (the whole replay's: an upper bound on the drafting alone)."""
         started = time.perf_counter()
-        got = [self._tree(drafter, prompt, out, domain, k) for k in self.grid]
+        got = [self._tree(drafter, prompt, out, r, k) for k in self.grid]
         if self.costs is not None:
             steps = sum(t.steps for t in got)
             self.costs.add(drafter, time.perf_counter() - started, steps, replayed=True)
         return Trees([t.accepted for t in got], [t.nodes for t in got])
 
     def _tree(
-        self, method: str, prompt: list[int], out: list[int], domain: str | None, k: int
+        self, method: str, prompt: list[int], out: list[int], r: RowResult, k: int
     ) -> TreeSteps:
         """The tree engine's n-gram or suffix trees (``method``) at K with the domain's shape
-        (its own defaults) over one row."""
+        (its own defaults) over row ``r``; suffix trees read the index as the row did."""
         # Imported here: the tree engine's modules import torch (a second of every CLI
         # command's start, ``validate`` and ``status`` included, which reach this module).
         from batchspec.engines.tree.drafting import replay
@@ -259,8 +268,13 @@ class Replayer:
             return TreeSteps(0, 0, 0)
         # The tree engine's own defaults (``engines/tree/load.py``), not vLLM's rule.
         lo, hi = s.prompt_lookup_min or 1, s.prompt_lookup_max or 3
-        drafter = self._suffix() if method == "suffix" else NgramDrafter(lo, hi)
+        domain = r.request.domain
         shape = s.tree.shape_for(domain)
         max_tokens = min(self.spec.sampling.max_tokens, self.max_model_len - len(prompt))
-        got = replay(drafter, prompt, out, k, shape, max_tokens, domain=domain)
+        if method == "suffix":
+            suffix = self._suffix()
+            with suffix.pinned(r.suffix_view if self.learner is not None else None):
+                got = replay(suffix, prompt, out, k, shape, max_tokens, domain=domain)
+        else:
+            got = replay(NgramDrafter(lo, hi), prompt, out, k, shape, max_tokens, domain=domain)
         return TreeSteps(len(got.accepted), sum(got.nodes), sum(got.accepted))

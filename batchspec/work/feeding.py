@@ -40,6 +40,7 @@ class Replays:
         grid = sorted({*s.k_grid, engine.k, *s.per_domain.values()})
         self.replayer = Replayer(self.spec, engine.name, grid, engine.max_model_len)
         self.replayer.costs = getattr(engine, "draft_costs", None)
+        self.replayer.learner = getattr(engine, "learner", None)
         if self._up_at is None:
             self._up_at = time.perf_counter()
 

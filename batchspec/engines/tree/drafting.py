@@ -82,6 +82,11 @@ class Learner(Protocol):
     def learn(self, domain: str | None, output: Sequence[int]) -> None:
         """A row of ``domain`` finished with these tokens."""
 
+    def view(self, slot: int, domain: str | None) -> int:
+        """What the row in ``slot`` drafted from: the position of ``domain``'s index below
+        which it read (asked before the row is released and learned). A replay that reads
+        the same index below it drafts what the row drafted, at any batch size."""
+
 
 @dataclass
 class Replayed:

@@ -114,6 +114,13 @@ class TreeEngine:
         """Whether its drafts come from the job's outputs (``base.LearnsOutputs``)."""
         return isinstance(self.drafter, Learner)
 
+    @property
+    def learner(self) -> Learner | None:
+        """Its drafter that learns from the job's outputs (the suffix drafter), or None: the
+        replay reads that drafter's indexes below each row's ``suffix_view``."""
+        drafter = self.drafter
+        return getattr(drafter, "learner", drafter) if isinstance(drafter, Learner) else None
+
     def learn_outputs(self, domain: str | None, outputs: list[list[int]]) -> None:
         """Outputs of ``domain`` finished elsewhere (committed parts), oldest first, as if
         its rows had finished here before any row now in flight asked for a draft."""
@@ -314,9 +321,12 @@ class TreeEngine:
     def _finish(self, row: TreeRow) -> None:
         self.rows.remove(row)
         self.prompts.forget(row)
+        learner = self.drafter if isinstance(self.drafter, Learner) else None
+        if learner is not None:  # what it drafted from, for its replay
+            row.view = learner.view(row.slot, row.req.domain)
         self._release(row.slot)
-        if isinstance(self.drafter, Learner):  # drafts from the job's outputs: every row, any K
-            self.drafter.learn(row.req.domain, row.out)
+        if learner is not None:  # drafts from the job's outputs: every row, any K
+            learner.learn(row.req.domain, row.out)
         if self.stops.stop:
             row.text = self.stops.text(row.out)
         owner = row.owner

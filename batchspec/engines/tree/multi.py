@@ -124,6 +124,16 @@ class LearningDrafterSet(DrafterSet):
             if isinstance(drafter, Learner):
                 drafter.learn(domain, output)
 
+    @property
+    def learner(self) -> Learner:
+        """The drafter that learns (the job lists a drafter once: one suffix drafter)."""
+        return next(d for d in self.drafters.values() if isinstance(d, Learner))
+
+    def view(self, slot: int, domain: str | None) -> int:
+        """``drafting.Learner.view`` of the learning drafter, whichever drafter ran the row
+        (one that did not draft from the index reads where it stands)."""
+        return self.learner.view(slot, domain)
+
 
 def drafter_set(drafters: dict[str, Drafter]) -> DrafterSet:
     """The set of ``drafters``: a ``LearningDrafterSet`` where one of them learns."""

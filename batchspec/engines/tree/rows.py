@@ -78,6 +78,8 @@ class TreeRow:
     """The draft node budget this row decodes at, its unit's K (0: plain decoding)."""
     drafter: str = ""
     """The drafter its trees come from, its unit's (``speculative.drafters``)."""
+    view: int | None = None
+    """Where its domain's index stood for it (``drafting.Learner.view``); None without one."""
 
     def emit(self, tokens: list[int], stops: Stops, lps: list[dict[int, float]] | None) -> int:
         """Append a step's tokens up to the first that ends the row (EOS, a stop string,
@@ -151,6 +153,7 @@ class TreeRow:
             },
             token_ids=list(self.out),
             top_logprobs=self.logprobs,
+            suffix_view=self.view,
         )
 
 

@@ -14,15 +14,17 @@ continuation both sources propose is one node, ranked by the larger of its two s
 
 A row drafts from the domain's index as it was at the row's first draft (its ``view``), never
 from outputs finished while it decodes, so its drafts depend only on its own tokens and the
-rows indexed before it: ``drafting.replay`` over a finished row, with an index holding the
-same earlier rows, gives the engine's own counts. Drafts are deterministic, so the one-hot
+rows indexed before it: ``drafting.replay`` over a finished row, reading the engine's own
+index below the row's view (``view``, ``pinned``), gives the engine's own counts whatever the
+batch, however rows in flight finished around it. Drafts are deterministic, so the one-hot
 rule verifies them losslessly whatever they propose.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 
 from batchspec.engines.tree.continuations import grow, merge
@@ -37,11 +39,19 @@ class SuffixDrafter:
     """``drafting.Drafter`` and ``drafting.Learner``: each row's n-gram trie merged with its
     domain's earlier outputs."""
 
-    def __init__(self, ngram: NgramDrafter, settings: SuffixSpec | None = None) -> None:
+    def __init__(
+        self,
+        ngram: NgramDrafter,
+        settings: SuffixSpec | None = None,
+        indexes: dict[str | None, SuffixIndex] | None = None,
+    ) -> None:
         self.ngram, self.settings = ngram, settings or SuffixSpec()
-        self.indexes: dict[str | None, SuffixIndex] = {}
+        self.indexes: dict[str | None, SuffixIndex] = {} if indexes is None else indexes
+        """Per domain, its index; ``indexes``: another drafter's, read and never learned
+        into (the replay reads the engine's, below each row's ``view``)."""
         self.views: dict[int, int] = {}
         """Per slot, the domain index's positions the row drafts from (those below it)."""
+        self._pinned: int | None = None
 
     def index(self, domain: str | None) -> SuffixIndex:
         """The domain's index (made empty on first use)."""
@@ -66,7 +76,9 @@ class SuffixDrafter:
         own = self.ngram.rows[ask.slot]
         shape = (ask.budget, ask.depth, ask.branching, ask.paths)
         index = self.index(ask.domain)
-        view = self.views.setdefault(ask.slot, index.total)
+        view = self.views.setdefault(
+            ask.slot, index.total if self._pinned is None else self._pinned
+        )
         length, starts = index.match(own.tokens, view)
         if not starts:
             return own.draft(*shape)
@@ -76,6 +88,22 @@ class SuffixDrafter:
 
     def learn(self, domain: str | None, output: Sequence[int]) -> None:
         self.index(domain).add(output)
+
+    def view(self, slot: int, domain: str | None) -> int:
+        """``drafting.Learner.view``: the row's first draft's view, or where the index
+        stands when it never drafted from it (its own output not in it yet)."""
+        found = self.views.get(slot)
+        return self.index(domain).total if found is None else found
+
+    @contextmanager
+    def pinned(self, view: int | None) -> Iterator[None]:
+        """Rows that first draft inside read the index below ``view`` (None: below where it
+        stands then): a finished row replayed as it drafted."""
+        self._pinned = view
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def release(self, slot: int) -> None:
         self.ngram.release(slot)
