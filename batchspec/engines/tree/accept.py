@@ -32,7 +32,9 @@ from typing import Protocol
 
 import torch
 
+from batchspec.engines.tree.rows import target_probs
 from batchspec.engines.tree.shape import DraftTree
+from batchspec.spec.sampling import SamplingSpec
 
 Step = Callable[[torch.Tensor, "torch.Tensor | None", int], tuple[float, torch.Tensor]]
 
@@ -50,6 +52,15 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int
             return accepted, want
         accepted.append(nxt)
         node = nxt
+
+
+def sample_plain(logits: torch.Tensor, draws: Draws, s: SamplingSpec) -> int:
+    """A token sampled plainly from ``logits`` [1, V] under ``s`` (a row's first token, and
+    the bonus after an accepted path): the argmax when greedy, else one draw from
+    ``target_probs``."""
+    if s.temperature == 0:
+        return int(torch.argmax(logits[0]))
+    return draws.categorical(target_probs(logits, s)[0])
 
 
 def reject_step(p: torch.Tensor, q: torch.Tensor | None, x: int) -> tuple[float, torch.Tensor]:

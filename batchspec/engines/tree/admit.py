@@ -25,6 +25,22 @@ class OpenUnit:
         self.results: list[RowResult | None] = [None] * len(unit.rows)
         self.left = 0
 
+    def finish(self, index: int, result: RowResult, tokens: int) -> None:
+        """Row ``index`` is done with ``result`` (``tokens`` generated: the unit's progress,
+        which the worker reads while it runs)."""
+        self.results[index] = result
+        self.left -= 1
+        self.unit.finished += 1
+        self.unit.finished_tokens += tokens
+
+
+def closed(opened: list[OpenUnit]) -> list[OpenUnit]:
+    """The units whose rows are all done, taken out of ``opened`` (in order)."""
+    done = [e for e in opened if e.left == 0]
+    for entry in done:
+        opened.remove(entry)
+    return done
+
 
 def open_unit(unit: UnitRequests, k: int, k_cap: int, drafts: bool) -> tuple[OpenUnit, list[int]]:
     """``unit`` opened at K = ``k`` and the indices of its rows to decode (rows with an

@@ -88,6 +88,18 @@ class Learner(Protocol):
         the same index below it drafts what the row drafted, at any batch size."""
 
 
+def learn_row(drafter: object, slot: int, domain: str | None, output: Sequence[int]) -> int | None:
+    """A finished row (at any K) given to a drafter that learns from the job's outputs, before
+    its slot is released: returns what the row drafted from (``Learner.view``, read before the
+    row itself is learned: its replay reads the index below it), or None where the drafter
+    does not learn."""
+    if not isinstance(drafter, Learner):
+        return None
+    view = drafter.view(slot, domain)
+    drafter.learn(domain, output)
+    return view
+
+
 @dataclass
 class Replayed:
     """A row's drafting replayed: per verify step that drafted, the draft nodes, the depth the

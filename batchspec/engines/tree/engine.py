@@ -34,9 +34,15 @@ import torch
 
 from batchspec.engines import planted
 from batchspec.engines.base import EngineFailure, UnitSource
-from batchspec.engines.tree.accept import Draws, TorchDraws, accept_greedy, accept_sampled
-from batchspec.engines.tree.admit import OpenUnit, Prompts, open_unit
-from batchspec.engines.tree.drafting import Ask, Learner, ask_for
+from batchspec.engines.tree.accept import (
+    Draws,
+    TorchDraws,
+    accept_greedy,
+    accept_sampled,
+    sample_plain,
+)
+from batchspec.engines.tree.admit import OpenUnit, Prompts, closed, open_unit
+from batchspec.engines.tree.drafting import Ask, Learner, ask_for, learn_row
 from batchspec.engines.tree.load import Target, load_target, max_k, open_drafter
 from batchspec.engines.tree.multi import DraftCosts, DrafterSet, recorded_method
 from batchspec.engines.tree.penalties import open_penalties
@@ -44,7 +50,6 @@ from batchspec.engines.tree.profile import StepProfile, load_or_measure
 from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.spec import JobSpec
-from batchspec.spec.sampling import SamplingSpec
 from batchspec.spec.tree import TREE, EngineName
 from batchspec.units import UnitRequests, UnitResult
 
@@ -194,7 +199,7 @@ class TreeEngine:
         scored = logits.unsqueeze(0)
         if row.penalty is not None:  # penalties, min_tokens: on what the row samples from
             scored = row.penalty.apply(scored, None, self.stops.eos_ids)
-        first = self._choose(scored, row.draws, req.sampling)
+        first = sample_plain(scored, row.draws, req.sampling or self.spec.sampling)
         lps = (
             top_logprobs(logits.unsqueeze(0), [first], self.logprobs)
             if self.logprobs is not None
@@ -223,13 +228,6 @@ class TreeEngine:
     def _drafts(self, row: TreeRow) -> bool:
         """Whether the drafter keeps this row (rows at K=0 never ask it for a tree)."""
         return self.drafter is not None and row.k > 0
-
-    def _choose(self, logits: torch.Tensor, draws: Draws, row: SamplingSpec | None = None) -> int:
-        """A token sampled plainly from ``logits`` [1, V] (argmax when greedy)."""
-        s = row or self.spec.sampling  # a row's own settings (sampling.columns)
-        if s.temperature == 0:
-            return int(torch.argmax(logits[0]))
-        return draws.categorical(target_probs(logits, s)[0])
 
     def _ask(self, row: TreeRow) -> Ask | None:
         """What the row asks of the drafter this step; None: no draft."""
@@ -290,7 +288,7 @@ class TreeEngine:
         if self.planted:
             path = tree.first_path()
             last = path[-1] if path else 0
-            bonus = self._choose(scored[last : last + 1], row.draws, row.req.sampling)
+            bonus = sample_plain(scored[last : last + 1], row.draws, s)
         elif s.temperature == 0:
             path, bonus = accept_greedy(tree, scored)
         else:
@@ -321,23 +319,14 @@ class TreeEngine:
     def _finish(self, row: TreeRow) -> None:
         self.rows.remove(row)
         self.prompts.forget(row)
-        learner = self.drafter if isinstance(self.drafter, Learner) else None
-        if learner is not None:  # what it drafted from, for its replay
-            row.view = learner.view(row.slot, row.req.domain)
+        row.view = learn_row(self.drafter, row.slot, row.req.domain, row.out)
         self._release(row.slot)
-        if learner is not None:  # drafts from the job's outputs: every row, any K
-            learner.learn(row.req.domain, row.out)
         if self.stops.stop:
             row.text = self.stops.text(row.out)
-        owner = row.owner
-        owner.results[row.index] = row.result(self.tokenizer, row.k > 0)
-        owner.left -= 1
-        owner.unit.finished += 1
-        owner.unit.finished_tokens += len(row.out)
+        row.owner.finish(row.index, row.result(self.tokenizer, row.k > 0), len(row.out))
 
     def _finished(self, opened: list[OpenUnit]) -> Iterator[UnitResult]:
-        for entry in [e for e in opened if e.left == 0]:
-            opened.remove(entry)
+        for entry in closed(opened):
             k = self.unit_k(entry.unit)
             method = self._method(k, entry.unit.drafter)
             yield UnitResult(entry.unit, list(entry.results), k, method, self.name)
