@@ -43,10 +43,15 @@ def figures(job: str, out: Path, sets: list[str], limit: int | None = None) -> d
     k_units: dict[str, dict[str, int]] = {}
     for d, k, n in units.iter_rows():
         k_units.setdefault(d, {})[str(k)] = n
+    # Each target forward (the prefill, every step) emits one token besides the drafts it
+    # accepted: forwards = tokens - accepted (one more where a row ended inside a path).
+    tokens = done["num_output_tokens"].sum()
+    accepted = done["num_accepted_tokens"].fill_null(0).sum()
     return got | {
         "units_explored": explored,
         "domain_rates": dict(rates.iter_rows()),
         "k_units": k_units,
+        "tokens_per_forward": tokens / (tokens - accepted),
     }
 
 
@@ -170,6 +175,17 @@ def explored(runs: list[dict[str, Any]]) -> str:
     return "/".join(str(off_main_k(r["k_units"])) for r in runs) + " (off main K)"
 
 
+def efficiency(runs: list[dict[str, Any]], speedup: float) -> str:
+    """Tokens per target forward (mean over the rounds) and the speed-up over plain decoding
+    divided by it: how much of what the drafts saved in forwards the run turned into speed
+    (1.0: a verify costs what a plain step does and drafting is free)."""
+    per = [r["tokens_per_forward"] for r in runs if "tokens_per_forward" in r]
+    if not per:  # a run saved before the column existed
+        return "- | -"
+    tpf = statistics.fmean(per)
+    return f"{tpf:.2f} | {speedup / tpf:.2f}"
+
+
 def table(batch: int, res: dict[str, Any]) -> tuple[list[str], dict[str, float]]:
     """The batch size's table, and adaptive's ratios of means to the best fixed K, the oracle
     and (where it ran) vLLM's schedule."""
@@ -183,14 +199,16 @@ def table(batch: int, res: dict[str, Any]) -> tuple[list[str], dict[str, float]]
     lines = [
         f"batch {batch}: generation tok/s per round (ABBA), best fixed K here: {best}",
         "| config | " + " | ".join(f"round {i + 1}" for i in range(rounds))
-        + " | mean ± half-range | / K=0 | / best fixed K | units at K only to explore |",
-        "|---" * (rounds + 5) + "|",
+        + " | mean ± half-range | / K=0 | / best fixed K | tokens / forward | efficiency "
+        "| units at K only to explore |",
+        "|---" * (rounds + 7) + "|",
     ]  # fmt: skip
     for c in res["configs"]:
         half = (max(tps[c]) - min(tps[c])) / 2
         cells = " | ".join(f"{x:.1f}" for x in tps[c])
         lines.append(f"| {c} | {cells} | {mean[c]:.1f} ± {half:.1f} | "
                      f"{ratio(tps[c], tps[fixed[0]])} | {ratio(tps[c], tps[best])} | "
+                     f"{efficiency(runs[c], mean[c] / mean[fixed[0]])} | "
                      f"{explored(runs[c]) if c == 'adaptive' else '-'} |")  # fmt: skip
     lines += notes({**res, "runs": runs})
     lines.append(f"adaptive / best fixed {best}: {ratio(tps['adaptive'], tps[best])} (target >= "
