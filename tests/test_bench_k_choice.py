@@ -18,7 +18,10 @@ from conftest import ROOT
 BENCH = ROOT / "scripts" / "bench" / "k_choice.py"
 
 
-def run(tok_s: float, k_units: dict[str, dict[str, int]], explored: int | None = None) -> dict:
+def run(
+    tok_s: float, k_units: dict[str, dict[str, int]], explored: int | None = None, tpf=None
+) -> dict:
+    # tpf: tokens per target forward; None: a run saved before the benchmark recorded it.
     return {
         "tok_s": tok_s,
         "tokens": 1000,
@@ -30,14 +33,16 @@ def run(tok_s: float, k_units: dict[str, dict[str, int]], explored: int | None =
         "replay_equal": 10,
         "domain_rates": {"chat": 10.0, "long_qa": 20.0},
         "k_units": k_units,
-    }
+    } | ({} if tpf is None else {"tokens_per_forward": tpf})
 
 
-def batch(rates: dict[str, list[float]], adaptive_units, explored=(None, None)) -> dict:
+def batch(rates: dict[str, list[float]], adaptive_units, explored=(None, None), tpf=()) -> dict:
     plain = {"chat": {"0": 2}, "long_qa": {"0": 2}}
     runs = {c: [run(x, plain) for x in xs] for c, xs in rates.items() if c != "adaptive"}
+    tpf = tpf or [None] * len(explored)
     runs["adaptive"] = [
-        run(x, adaptive_units, e) for x, e in zip(rates["adaptive"], explored, strict=True)
+        run(x, adaptive_units, e, t)
+        for x, e, t in zip(rates["adaptive"], explored, tpf, strict=True)
     ]
     return {
         "configs": list(rates),
@@ -58,6 +63,7 @@ def test_table_and_verdict_from_saved_measurements(tmp_path: Path) -> None:
                     "oracle": [31.0, 29.0],
                 },
                 {"chat": {"0": 3, "4": 1}, "long_qa": {"4": 2, "2": 1}},
+                tpf=(1.5, 1.3),
             ),
             "8": batch(
                 {
@@ -95,14 +101,16 @@ def test_table_and_verdict_from_saved_measurements(tmp_path: Path) -> None:
     assert "| K=0 | 60.0 | 60.0 ± 0.0 |" in out
     assert "batch 1: generation tok/s per round (ABBA), best fixed K here: K=4" in out
     # batch 1, adaptive: mean 28.0 ± 1.0; / K=0 28/21 = 1.333, rounds 1.450 and 1.227;
-    # / K=4 (28.0) 1.000, rounds 0.967 and 1.038; 2 units off their domain's main K.
+    # / K=4 (28.0) 1.000, rounds 0.967 and 1.038; 1.4 tokens per forward (mean of 1.5 and
+    # 1.3), efficiency 1.333 / 1.4 = 0.95; 2 units off their domain's main K.
     assert (
         "| adaptive | 29.0 | 27.0 | 28.0 ± 1.0 | 1.333 [1.227-1.450] | 1.000 [0.967-1.038] "
-        "| 2/2 (off main K) |" in out
+        "| 1.40 | 0.95 | 2/2 (off main K) |" in out
     )
-    # batch 8: the run log's own count wins over the proxy.
+    # batch 8: the run log's own count wins over the proxy; runs saved without tokens per
+    # forward show none.
     assert "| adaptive | 47.0 | 49.0 | 48.0 ± 1.0 | 1.000 [0.940-1.065] |" in out
-    assert "| 0/1 (run log) |" in out
+    assert "| - | - | 0/1 (run log) |" in out
     assert "oracle K per round: chat=0 long_qa=4; chat=0 long_qa=4" in out
     # batch 8: 8 runs of 10 rows checked; adaptive 0.5 s of 1000/47 and 1000/49 s.
     assert "on 80/80 rows checked (all runs); replay time in adaptive runs: 2.35%/2.45%" in out
