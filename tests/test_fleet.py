@@ -82,7 +82,8 @@ def test_a_death_while_the_others_linger_is_taken_over_and_exits_tell_the_truth(
     assert done.returncode == 0, done.stderr[-3000:]
     (r,) = json.loads(results.read_text())
     assert r["exactly_once"] and r["parts"] == r["units"] and r["kills"] == 1, r
-    assert len(r["takeovers"]) == 2 and r["takeover_s"] <= 300 + 2 * 40 + 2 + 30, r
+    # As above: the lease, then two of this run's own gaps between a watcher's looks.
+    assert len(r["takeovers"]) == 2 and r["takeover_s"] <= 300 + 2 * max(r["look_gaps"]) + 2, r
     exits = {int(code): v for code, v in r["exits"].items()}
     assert set(exits) <= {0, 5} and exits[0][0] >= 1, exits
     assert sum(n for n, _, _ in exits.values()) == 11, exits
