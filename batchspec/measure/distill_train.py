@@ -24,8 +24,8 @@ from batchspec.engines.tree.drafter import growth_scratch
 from batchspec.engines.tree.drafting import replay
 from batchspec.engines.tree.eagle import EagleDrafter, StoredFeatures
 from batchspec.engines.tree.eagle_head import EagleHead
-from batchspec.engines.tree.model import rms_norm
 from batchspec.engines.tree.ngram import NgramDrafter
+from batchspec.engines.tree.ops import rms_norm
 from batchspec.spec.tree import TreeShape
 
 DEPTHS = 3

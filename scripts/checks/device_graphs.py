@@ -11,7 +11,7 @@ weights, vLLM, polars or network (random weights; pydantic's wheels carried: doc
   rounds (a step: the forward, an argmax and its host sync), as gpt-fast's "Bandwidth
   achieved" (bytes of weights and KV read per step / step time) beside the copy bandwidth
   measured in the same run (a 1 GiB device-to-device copy); the GPU operations a plain step
-  launches; RMSNorm compiled into one kernel (an experiment).
+  launches; graphs with the element-wise ops as written, against the engine's compiled ones.
 
 Its last line is T4's; the transcript goes to ``--out``; exit 1 when a check fails. With
 ``--device cpu`` it runs tiny shapes through the padded forward uncaptured, in seconds (the
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from harness import abba, copy_bandwidth, header, parser, ratio, step_ms, tee
 
 from batchspec.engines.base import ListSource
+from batchspec.engines.tree import ops
 from batchspec.engines.tree.engine import TreeEngine
 from batchspec.engines.tree.graphs import CudaGraphs
 from batchspec.engines.tree.load import Target
@@ -86,35 +87,32 @@ def device_ops(model: TreeModel, graphs: CudaGraphs | None) -> str:
     return str(sum(e.device_type == cuda for e in prof.events()) // 4)  # step_ms ran 4
 
 
-def fused_norm_trial(model: TreeModel, reps: int, share: Callable[[float], float]) -> None:
-    """An experiment, not the engine's path: RMSNorm (eight kernels in bf16, 65 of them a
-    step) compiled by inductor into one kernel, in graphs captured afresh; says how much of
-    what graphs leave is the small ops between the matrix products."""
-    from batchspec.engines.tree import model as module
-
-    eager_norm, cells = module.rms_norm, ((1, 1), (1, 16))
-    what = "RMSNorm compiled (inductor) inside graphs, an experiment"
+def unfused_trial(model: TreeModel, reps: int, share: Callable[[float], float]) -> None:
+    """What compiling the element-wise ops is worth: graphs captured afresh with the ops as
+    written (``ops.EAGER``: RMSNorm, residual + RMSNorm, RoPE, SiLU x up; ~20 kernels a layer
+    in bf16) against the engine's (``ops.fused()``, one kernel each)."""
+    cells, fused = ((1, 1), (1, 16)), model.ops
     try:
-        module.rms_norm = torch.compile(eager_norm, dynamic=False)
-        model.graphs = None
-        for cell in cells:  # compiled eagerly first: nothing compiles inside a capture
-            step_ms(model, *cell, 1)
+        model.ops = ops.EAGER
         model.graphs = trial = CudaGraphs(model)
         ms = {cell: step_ms(model, *cell, reps) for cell in cells}
-        print(f"{what}: plain decode {ms[(1, 1)]:.2f} ms/step = {share(ms[(1, 1)]):.0f}% of "
-              f"copy, verify 1 x 16 {ms[(1, 16)]:.2f} ms/step; GPU operations per plain step "
-              f"{device_ops(model, trial)}")  # fmt: skip
+        print(f"graphs with the element-wise ops as written: plain decode {ms[(1, 1)]:.2f} "
+              f"ms/step = {share(ms[(1, 1)]):.0f}% of copy, verify 1 x 16 {ms[(1, 16)]:.2f} "
+              f"ms/step; GPU operations per plain step {device_ops(model, trial)}")  # fmt: skip
     except Exception as exc:  # an experiment: the check stands without it
-        print(f"{what}: n/a ({exc!r})")
+        print(f"graphs with the element-wise ops as written: n/a ({exc!r})")
     finally:
-        module.rms_norm = eager_norm
+        model.ops = fused
 
 
 def timings(model: TreeModel, graphs: CudaGraphs, reps: int) -> dict[str, list[dict]]:
-    """ms per step of every cell, eager and on graphs, in ABBA rounds."""
+    """ms per step of every cell, eager (ops as written, no graphs) and the engine's path on a
+    GPU (graphs, ops compiled), in ABBA rounds."""
+    fused = model.ops
 
     def run(mode: str, _round: int) -> dict[tuple[int, int], float]:
         model.graphs = graphs if mode == "graphs" else None
+        model.ops = fused if mode == "graphs" else ops.EAGER
         return {cell: step_ms(model, *cell, reps) for cell in CELLS}
 
     return abba(["eager", "graphs"], 2, run, lambda _m, ms: f"plain {ms[(1, 1)]:.2f} ms/step")
@@ -152,9 +150,11 @@ def speed(args: argparse.Namespace) -> tuple[float, str]:
           f"eager fallbacks, capture failure: {graphs.failed}")  # fmt: skip
     plain_bytes = model.weight_bytes + (CONTEXT + 1) * kv_pos
     if cuda:
-        print(f"GPU operations per plain batch-1 step: eager {device_ops(model, None)}, graphs "
+        fused, model.ops = model.ops, ops.EAGER
+        eager_ops, model.ops = device_ops(model, None), fused
+        print(f"GPU operations per plain batch-1 step: eager {eager_ops}, graphs "
               f"{device_ops(model, graphs)}")  # fmt: skip
-        fused_norm_trial(model, args.reps, lambda ms: 100 * plain_bytes / ms / 1e6 / copy)
+        unfused_trial(model, args.reps, lambda ms: 100 * plain_bytes / ms / 1e6 / copy)
     plain = runs[("graphs", (1, 1))]
     share = 100 * plain_bytes / statistics.fmean(plain) / 1e6 / copy
     model.graphs, graphs.model = None, None

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-from batchspec.engines.tree.model import TreeModel, rms_norm
+from batchspec.engines.tree.model import TreeModel
+from batchspec.engines.tree.ops import rms_norm
 from batchspec.engines.tree.weights import llama_config, rope_tables
 from batchspec.errors import UserError
 

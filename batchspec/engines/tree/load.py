@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from batchspec.engines.tree import ops
 from batchspec.engines.tree.drafter import growth_scratch, open_model_drafter
 from batchspec.engines.tree.drafting import Drafter
 from batchspec.engines.tree.eagle import open_eagle_drafter
@@ -61,8 +62,8 @@ def load_target(spec: JobSpec, k: int) -> Target:
     dtype = DTYPES.get(m.dtype, torch.float32 if device == "cpu" else torch.bfloat16)
     max_model_len = m.max_model_len or int(config.get("max_position_embeddings", 2048))
     model = TreeModel.load(model_dir, dtype, device, m.max_num_seqs, max_model_len + k + 1)
-    if m.enforce_eager:  # no graph capture, as on vLLM: CUDA graphs off (graphs.py)
-        model.graphs = None
+    if m.enforce_eager:  # as on vLLM: no graph capture (graphs.py), nothing compiled (ops.py)
+        model.graphs, model.ops = None, ops.EAGER
     if m.max_num_seqs == 1:  # every step one row: compiled (TreeModel.one_row)
         model.use_one_row_kernel()
     tok_dir = (

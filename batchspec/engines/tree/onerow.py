@@ -30,7 +30,7 @@ Fn = Callable[..., torch.Tensor]
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as transformers computes it (``model.rms_norm``)."""
+    """RMSNorm as transformers computes it (``ops.rms_norm``)."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
