@@ -118,9 +118,9 @@ def timings(model: TreeModel, graphs: CudaGraphs, reps: int) -> dict[str, list[d
     return abba(["eager", "graphs"], 2, run, lambda _m, ms: f"plain {ms[(1, 1)]:.2f} ms/step")
 
 
-def speed(args: argparse.Namespace) -> tuple[float, str]:
+def speed(args: argparse.Namespace) -> tuple[float, str, float]:
     """Every cell eager and on graphs (ABBA); (plain batch-1 share of copy bandwidth,
-    verify 1x16 / plain batch 1), both on graphs."""
+    verify 1x16 / plain batch 1, plain batch-1 ms), all on graphs."""
     cuda = args.device == "cuda"
     cfg, dtype = (LLAMA2_7B, torch.bfloat16) if cuda else (TINY, torch.float32)
     model = TreeModel.random(cfg, dtype, args.device, 8, CONTEXT + 64)
@@ -160,7 +160,55 @@ def speed(args: argparse.Namespace) -> tuple[float, str]:
     model.graphs, graphs.model = None, None
     del model, graphs
     gc.collect()
-    return share, ratio(runs[("graphs", (1, 16))], plain)
+    return share, ratio(runs[("graphs", (1, 16))], plain), statistics.fmean(plain)
+
+
+def engine_speed(args: argparse.Namespace, plain_ms: float) -> None:
+    """The whole engine on the 7B shape (graphs, compiled ops), greedy, 8 rows, K=0 and K=4
+    n-gram trees at batch 1 and 8 (ABBA): tokens/s from the first row scheduled to the last
+    token (the engine's close, a gc.collect of ~0.4 s, left out), and at batch 1 the decode
+    steps' ms per target forward (each row's first token to its last) against the bare
+    forward's (``plain_ms``): what drafting, acceptance and the host syncs add to a 5 ms
+    forward; a row's prefill (eager) is printed apart. Random weights: on this shape the rows
+    do not repeat, so K=4 prices drafting and 8-node verifies with nothing accepted."""
+    cuda = args.device == "cuda"
+    cfg, dtype = (LLAMA2_7B, torch.bfloat16) if cuda else (TINY, torch.float32)
+    model = TreeModel.random(cfg, dtype, args.device, 8, 128 + args.tokens)
+    model.weights.norm.mul_(PEAK)
+    gen = torch.Generator().manual_seed(0)
+    bits = [torch.randint(100, cfg["vocab_size"], (12,), generator=gen).tolist() for _ in range(8)]
+    prompts = [b * 3 for b in bits]
+    engine_rows(model, 8, 4, prompts, 8, False, False)  # captures and compiles, untimed
+
+    def run(config: str, _round: int) -> dict[str, float]:
+        batch, k = (int(v) for v in config.split("/"))
+        rows = engine_rows(model, batch, k, prompts, args.tokens, False, False)
+        times = [r.timing or {} for r in rows]
+        tokens = sum(len(r.token_ids or []) for r in rows)
+        forwards = tokens - sum(r.spec.accepted for r in rows if r.spec)
+        span = max(t["last_token"] for t in times) - min(t["scheduled"] for t in times)
+        decoding = sum(t["last_token"] - t["first_token"] for t in times)
+        return {
+            "tok/s": tokens / span,
+            "per forward": tokens / forwards,
+            "decode ms": 1e3 * decoding / (forwards - len(rows)),  # a row's first: its prefill
+            "prefill ms": 1e3 * statistics.fmean(t["first_token"] - t["scheduled"] for t in times),
+        }
+
+    got = abba(["1/0", "1/4", "8/0", "8/4"], 2, run, lambda _c, t: f"{t['tok/s']:.0f} tok/s")
+    for config, runs in got.items():
+        batch, k = config.split("/")
+        mean = {key: statistics.fmean(r[key] for r in runs) for key in runs[0]}
+        per = (f", decode {mean['decode ms']:.2f} ms a forward, prefill {mean['prefill ms']:.1f} "
+               f"ms a row" if batch == "1" else "")  # fmt: skip
+        print(f"engine, batch {batch}, K={k}: {mean['tok/s']:6.1f} tok/s, "
+              f"{mean['per forward']:.2f} tokens a forward{per}")  # fmt: skip
+    print(f"the bare plain forward at batch 1 (graphs): {plain_ms:.2f} ms")
+    for batch in ("1", "8"):
+        trees, plain = got[f"{batch}/4"], got[f"{batch}/0"]
+        per_forward = statistics.fmean(r["per forward"] for r in trees)
+        speedup = ratio([r["tok/s"] for r in trees], [r["tok/s"] for r in plain])
+        print(f"engine, batch {batch}: K=4 / K=0 {speedup} at {per_forward:.2f} tokens a forward")
 
 
 class Ids:
@@ -252,9 +300,11 @@ def correctness(args: argparse.Namespace) -> bool:
 
 def main() -> int:
     # --out: the folder of the transcript, device_graphs.txt; --reps: timed steps per cell and
-    # round; --tokens: tokens per row of the engine runs.
+    # round; --tokens: tokens per row of the engine runs; --parts: checks (the engine's rows),
+    # engine (its speed), beside the step timings always run.
     ap = parser(__doc__, out=None, reps=20, tokens=48)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--parts", default="checks,engine", help="besides the step timings")
     args = ap.parse_args()
     if args.out is not None:
         tee(Path(args.out) / "device_graphs.txt")
@@ -265,8 +315,10 @@ def main() -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (tiny shapes)"
     started = time.perf_counter()
     print(f"tree engine CUDA graphs on {name}, torch {torch.__version__}")
-    ok = correctness(args)
-    share, ratio_1x16 = speed(args)
+    ok = correctness(args) if "checks" in args.parts else True
+    share, ratio_1x16, plain_ms = speed(args)
+    if "engine" in args.parts:
+        engine_speed(args, plain_ms)
     print(f"checks {'ok' if ok else 'FAILED'}; wall {time.perf_counter() - started:.0f} s")
     print(f"T4: plain decode {share:.0f}% of copy bandwidth at batch 1; verify 1x16 / plain "
           f"{ratio_1x16}")  # fmt: skip
