@@ -1,6 +1,6 @@
-"""What the tree engine's benchmarks share (``tree.py``, ``distill.py``, ``suffix.py``,
-``step_profile.py``): the prompt sample, job variants, one timed engine run, the figures drawn
-from its rows (tokens/s, tokens per verify step, greedy identity), drafters replayed (``Tally``).
+"""What the tree engine's benchmarks share (``distill.py``, ``suffix.py``, ``step_profile.py``):
+the prompt sample, job variants, one timed engine run, the figures drawn from its rows
+(tokens/s, tokens per verify step, greedy identity), drafters replayed (``Tally``).
 
 Everything runs through ``open_engine`` and ``Engine.run``, the calls the worker makes, so the
 tree engine and vLLM are timed the same way: from the first unit handed over to the last
@@ -13,11 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness import check_line
-
 from batchspec.engines import open_engine
 from batchspec.measure.verify import build_requests, pick_rows, run_rows
-from batchspec.measure.verify_checks import greedy_check
 from batchspec.spec import JobSpec
 from batchspec.spec.tree import TreeSpec
 from batchspec.units import RowRequest, RowResult
@@ -62,7 +59,6 @@ class Run:
     results: list[RowResult]
     seconds: float
     build_s: float
-    weight_bytes: int | None
     parts: dict[str, float]
     """With ``run(split=True)``: seconds spent drafting and verifying."""
 
@@ -76,15 +72,12 @@ class Run:
         return self.tokens / self.seconds
 
 
-def run(
-    label: str, spec: JobSpec, k: int, smp: Sample, logprobs: int | None = None, split=False
-) -> Run:
+def run(label: str, spec: JobSpec, k: int, smp: Sample, split: bool = False) -> Run:
     """Start the engine for ``spec`` and K, run the sample once, close the engine; ``split``:
     the seconds in its drafter's ``draft`` and its model's ``verify`` kept apart."""
-    engine = open_engine(spec, k, logprobs)
+    engine = open_engine(spec, k)
     try:
         model = getattr(engine, "model", None)
-        weight_bytes = getattr(model, "weight_bytes", None)
         calls = {"draft": getattr(engine, "drafter", None), "verify": model} if split else {}
         parts = timed_calls(calls)
         started = time.perf_counter()
@@ -96,7 +89,7 @@ def run(
     ordered = [by_id[r.row_id] for r in smp.rows]
     if errors := [f"{r.request.row_id}: {r.error}" for r in ordered if r.error is not None]:
         print(f"  {label}: ERROR rows: {errors[:3]}", flush=True)
-    return Run(label, ordered, seconds, engine.build_s, weight_bytes, parts)
+    return Run(label, ordered, seconds, engine.build_s, parts)
 
 
 def timed_calls(calls: dict[str, Any]) -> dict[str, float]:
@@ -119,14 +112,6 @@ def timed_calls(calls: dict[str, Any]) -> dict[str, float]:
     return spent
 
 
-def decode_steps_per_s(results: list[RowResult]) -> float:
-    """Plain decode steps/s of rows run one at a time: tokens after the first over the time
-    from the first token to the last (prefill left out)."""
-    steps = sum((r.num_output_tokens or 1) - 1 for r in results)
-    span = sum(r.timing["last_token"] - r.timing["first_token"] for r in results if r.timing)
-    return steps / span if span > 0 else float("nan")
-
-
 def per_step(results: list[RowResult]) -> float:
     """Mean tokens a verify step yields: 1 + accepted drafts / steps that verified drafts
     (the bonus token plus the accepted path)."""
@@ -139,25 +124,6 @@ def differ(ref: list[RowResult], other: list[RowResult]) -> list[Any]:
     """The ids of the rows whose tokens differ between two runs (or that failed in either)."""
     pairs = zip(ref, other, strict=True)
     return [a.request.row_id for a, b in pairs if a.token_ids != b.token_ids or a.error or b.error]
-
-
-def explain(vllm_plain: list[RowResult], tree_plain: list[RowResult]) -> list[str]:
-    """vLLM's plain greedy rows against the tree engine's, both with top logprobs, as ``verify``
-    compares greedy rows (``greedy_check``): the identical rows, then every divergence with
-    vLLM's margin at its first differing position (logprob of vLLM's token minus the tree
-    engine's) against the drift the engines showed on agreed tokens; a margin within
-    DRIFT_FACTOR x the largest drift is a near-tie (in float32 too: two engines' arithmetic)."""
-    check = greedy_check("vLLM plain vs tree engine plain", vllm_plain, tree_plain, None)
-    lines = [f"  {check_line(check.summary())} (target: >= 95% of rows identical)"]
-    for d in check.divergences:
-        bound = f">= {d.margin_bound:.3f} (not in vLLM's top 5)" if d.margin_bound else "n/a"
-        margin = f"{d.margin:.4f}" if d.margin is not None else bound
-        lines.append(
-            f"    {d.row_id}: first differs at token {d.position} (vLLM {d.plain_token}, tree "
-            f"{d.spec_token}); vLLM margin {margin} nats, drift before it {d.drift:.2e} -> "
-            f"{'near-tie' if d.near_tie else 'NOT a near-tie'}"
-        )
-    return lines
 
 
 def committed(job: str, output: str, holdout: float, sets: list[str] = ()) -> tuple:
@@ -182,16 +148,13 @@ class Tally:
     def __init__(self) -> None:
         self.sums: dict[tuple[str, str], list[float]] = {}
 
-    def add(
-        self, name: str, drafter: Any, row: Any, k: int, shape: Any, max_tokens: int = 0
-    ) -> Any:
-        """``drafter`` replayed over ``row`` (its ``prompt``, ``output`` and ``domain``), added
-        up; the replay returned. ``max_tokens``: the row's budget as it ran (0: its length + 1,
-        a row that stopped by itself)."""
+    def add(self, name: str, drafter: Any, row: Any, k: int, shape: Any) -> None:
+        """``drafter`` replayed over ``row`` (its ``prompt``, ``output`` and ``domain``, a row
+        that stopped by itself: its budget one token past its output), added up."""
         from batchspec.engines.tree.drafting import replay as drive
 
         started = time.perf_counter()
-        budget = max_tokens or len(row.output) + 1
+        budget = len(row.output) + 1
         got = drive(drafter, row.prompt, row.output, k, shape, budget, domain=row.domain)
         took = time.perf_counter() - started
         tokens = len(row.output) - 1
@@ -199,7 +162,6 @@ class Tally:
             s = self.sums.setdefault(key, [0, 0, 0, 0.0])
             for i, v in enumerate((tokens, tokens - sum(got.accepted), len(got.accepted), took)):
                 s[i] += v
-        return got
 
     def per_forward(self, domain: str, name: str) -> float:
         """Tokens per target forward: what speculation saves, whatever the drafter's hit rate."""
