@@ -91,7 +91,7 @@ def print_d1(tallies: dict[int, Tally]) -> dict[str, float]:
     one that drafts nothing is a plain step, which flatters a drafter that often has none in
     the first table, as n-gram trees do); each domain weighs the same in the mean. Returns
     the first table's means at 8 nodes."""
-    doms = sorted({d for t in tallies.values() for d, _ in t.sums if d != "all"})
+    doms = sorted({d for t in tallies.values() for d, _ in t.sums})
     for title, of in (
         ("verify step", Tally.per_step),
         ("target forward (every step)", Tally.per_forward),

@@ -1,6 +1,6 @@
-"""What the tree engine's benchmarks share (``distill.py``, ``suffix.py``, ``step_profile.py``):
-the prompt sample, job variants, one timed engine run, the figures drawn from its rows
-(tokens/s, tokens per verify step, greedy identity), drafters replayed (``Tally``).
+"""What the tree engine's benchmarks share (``distill.py``, ``step_profile.py``): the prompt
+sample, job variants, one timed engine run, the figures drawn from its rows (tokens/s, tokens
+per verify step, greedy identity), drafters replayed (``Tally``).
 
 Everything runs through ``open_engine`` and ``Engine.run``, the calls the worker makes, so the
 tree engine and vLLM are timed the same way: from the first unit handed over to the last
@@ -141,27 +141,24 @@ def committed(job: str, output: str, holdout: float, sets: list[str] = ()) -> tu
 
 class Tally:
     """Drafters replayed over finished greedy rows (``engines.tree.drafting.replay``: exact,
-    the target's choices are the row's own tokens), added up per (domain, drafter) and over
-    every domain as ``all``: output tokens after the first, target forwards (every step, one
-    that drafted nothing a plain one), steps that drafted, and seconds spent drafting."""
+    the target's choices are the row's own tokens), added up per (domain, drafter): output
+    tokens after the first, target forwards (every step, one that drafted nothing a plain
+    one) and steps that drafted."""
 
     def __init__(self) -> None:
-        self.sums: dict[tuple[str, str], list[float]] = {}
+        self.sums: dict[tuple[str, str], list[int]] = {}
 
     def add(self, name: str, drafter: Any, row: Any, k: int, shape: Any) -> None:
         """``drafter`` replayed over ``row`` (its ``prompt``, ``output`` and ``domain``, a row
         that stopped by itself: its budget one token past its output), added up."""
         from batchspec.engines.tree.drafting import replay as drive
 
-        started = time.perf_counter()
         budget = len(row.output) + 1
         got = drive(drafter, row.prompt, row.output, k, shape, budget, domain=row.domain)
-        took = time.perf_counter() - started
         tokens = len(row.output) - 1
-        for key in ((str(row.domain), name), ("all", name)):
-            s = self.sums.setdefault(key, [0, 0, 0, 0.0])
-            for i, v in enumerate((tokens, tokens - sum(got.accepted), len(got.accepted), took)):
-                s[i] += v
+        s = self.sums.setdefault((str(row.domain), name), [0, 0, 0])
+        for i, v in enumerate((tokens, tokens - sum(got.accepted), len(got.accepted))):
+            s[i] += v
 
     def per_forward(self, domain: str, name: str) -> float:
         """Tokens per target forward: what speculation saves, whatever the drafter's hit rate."""
@@ -172,7 +169,3 @@ class Tally:
         """Tokens per verify step that drafted (accepted + 1): the drafter's hit rate alone."""
         s = self.sums.get((domain, name))
         return (s[0] - s[1] + s[2]) / s[2] if s and s[2] else float("nan")
-
-    def ms_per_forward(self, name: str) -> float:
-        s = self.sums[("all", name)]
-        return 1e3 * s[3] / max(s[1], 1)
