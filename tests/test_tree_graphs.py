@@ -31,8 +31,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # matrices this small: one t
         ([0], 5, [200, 0, 0, 0, 0, 0], Bucket(1, 8, 256)),  # K=4: 5 nodes in 8, 208 -> 256
         ([2, 0], 3, [9, 0, 30, 0, 0, 0], Bucket(4, 4, 128)),  # free slots 1 and 3 pad
         ([4], 1, [0, 0, 0, 0, 9, 0], Bucket(6, 1, 128)),  # 5 slots: max_batch 6, not 8
-        ([1], 1, [5, 9, 0, 0, 0, 0], None),  # slot 0 holds a row outside the step
-        ([0], 65, [1, 0, 0, 0, 0, 0], None),  # more nodes than MAX_NODES
+        ([1], 1, [5, 9, 0, 0, 0, 0], Bucket(1, 1, 128, gather=True)),  # slot 0 is in use
+        ([1, 2], 1, [5, 9, 3, 0, 0, 0], None),  # two rows beside a row outside the step
+        ([0], 65, [1, 0, 0, 0, 0, 0], Bucket(1, 128, 256)),  # one row: up to MAX_PREFILL
+        ([0, 1], 65, [1, 1, 0, 0, 0, 0], None),  # more nodes than MAX_NODES for two rows
+        ([0], 513, [0, 0, 0, 0, 0, 0], None),  # more than MAX_PREFILL
         ([0], 8, [290, 0, 0, 0, 0, 0], Bucket(1, 8, 300)),  # the span capped at max_len
         ([0], 9, [290, 0, 0, 0, 0, 0], None),  # 16 padded nodes overrun the cache
     ],
@@ -50,7 +53,8 @@ def test_padding_puts_rows_at_their_slots_and_pad_nodes_alone():
     assert tokens.tolist() == [[9, 0, 0, 0], [0] * 4, [5, 6, 7, 0], [0] * 4]
     assert positions.tolist() == [[2, 2, 2, 2], [0] * 4, [4, 5, 5, 4], [0] * 4]
     assert ints[32:36].tolist() == [2, 0, 4, 0]  # lens, window slot by slot
-    assert ints[36:].tolist() == [2, 0, 1, 3]  # output rows: the step's slots, then pads
+    assert ints[36:40].tolist() == [2, 0, 1, 3]  # output rows: the step's slots, then pads
+    assert ints[40:].tolist() == [0, 1, 2, 3]  # the slots each row reads: the window
     assert mask[2, :3, :3].tolist() == [[1, 0, 0], [1, 1, 0], [1, 0, 1]]
     assert torch.equal(mask[2, 3], torch.tensor([False, False, False, True]))
     assert torch.equal(mask[1], torch.eye(4, dtype=torch.bool))
@@ -153,3 +157,36 @@ def test_the_device_check_runs_on_the_cpu(tmp_path, full: bool):
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("T4: plain decode ") and "verify 1x16 / plain" in last, out.stdout
     assert (tmp_path / "device_graphs.txt").read_text().strip().endswith(last)
+
+
+@pytest.mark.parametrize(("slot", "length"), [(1, 37), (3, 600)])
+def test_a_prefill_beside_rows_in_flight_replays_a_bucket_of_its_own_slot(slot, length):
+    """A prompt prefilled into a slot whose window holds rows in flight (slots 0 and 2) goes
+    by its slot (a gather bucket of one row), in chunks of up to 512 nodes: the last logits
+    and the slot's K/V as eager's within float32 rounding, the other rows' caches bitwise
+    untouched, and the next verify of every row the same."""
+    gen = torch.Generator().manual_seed(3)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = TreeModel.random(TINY, torch.float32, "cpu", 4, 700)
+        for busy, n in ((0, 9), (2, 21)):
+            model.prefill(busy, torch.arange(5, 5 + n).tolist())
+        models.append(model)
+    eager, padded = models
+    padded.graphs = CudaGraphs(padded, capture=False)
+    prompt = torch.randint(TINY["vocab_size"], (length,), generator=gen).tolist()
+    before = padded.cache.k[:, [0, 2]].clone()
+    want, got = eager.prefill(slot, prompt), padded.prefill(slot, prompt)
+    chunks = (length + 511) // 512
+    assert padded.graphs.replays == chunks and padded.graphs.eager == 0
+    assert all(b.gather and b.batch == 1 for b in padded.graphs.buckets)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    k = (padded.cache.k[:, slot, :, :length], eager.cache.k[:, slot, :, :length])
+    torch.testing.assert_close(*k, rtol=0, atol=1e-5)
+    assert torch.equal(padded.cache.k[:, [0, 2]], before)
+    slots, tokens = [0, 2, slot], torch.tensor([[7], [8], [9]])
+    positions = torch.tensor([[9], [21], [length]])
+    mask = torch.ones(3, 1, 1, dtype=torch.bool)
+    after = [m.verify(slots, tokens, positions, mask) for m in (padded, eager)]
+    torch.testing.assert_close(*after, rtol=0, atol=1e-5)

@@ -15,14 +15,22 @@ padded up to its bucket:
 - span: the keys read, max(cache length) + nodes rounded up to a power of two (at least
   ``SPAN_MIN``), so a step reads at most twice the KV it needs.
 
+One row whose window holds rows outside the step (a prompt prefilled beside the rows in
+flight, the last row of a batch draining in a high slot) is read by its slot instead: a
+*gather* bucket of batch 1, whose cache read copies the row's K/V (an index_select a layer,
+~0.3 GB for a 7B shape at 512 keys: ~0.1 ms on an H100). Prefill takes such buckets too, up
+to ``MAX_PREFILL`` nodes: eager, a 36-token prompt cost ~45 ms of launches on an H200 where
+its weights take ~5, and at batch 8 every row in flight waits for it.
+
 Powers of two bound the graphs to a few dozen per engine, captured when a bucket is first
-met (a warm-up forward and a capture, tens of ms). A step no bucket fits (a window slot in
-use by a row outside the step, more nodes than ``MAX_NODES``, the cache too short for the
-padded tree) runs eagerly. Everything a graph reads comes through static buffers: one of
-integers (tokens, positions, lengths, the output's row order) and one of mask bits, copied in
-before each replay; graphs share one memory pool, and the logits come out through a buffer
-per (batch, nodes) outside it. With ``capture=False`` the same padded forward runs eagerly
-on the static buffers, on any device: tests check it on the CPU.
+met (a warm-up forward and a capture, tens of ms). A step no bucket fits (several rows beside
+a window slot in use by a row outside the step, more nodes than ``MAX_NODES`` or, for one row,
+``MAX_PREFILL``, the cache too short for the padded tree) runs eagerly. Everything a graph
+reads comes through static buffers: one of integers (tokens, positions, lengths, the output's
+row order, the slots read) and one of mask bits, copied in before each replay; graphs share
+one memory pool, and the logits come out through a buffer per (batch, nodes) outside it.
+With ``capture=False`` the same padded forward runs eagerly on the static buffers, on any
+device: tests check it on the CPU.
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ if TYPE_CHECKING:
 SPAN_MIN = 128
 """The shortest key span a graph reads: shorter contexts cost little to over-read."""
 MAX_NODES = 64
-"""The largest node bucket captured; bigger trees run eagerly."""
+"""The largest node bucket captured for several rows; bigger trees run eagerly."""
+MAX_PREFILL = 512
+"""The largest node bucket of one row: a prefill chunk (``model.PREFILL_CHUNK``)."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +59,12 @@ class Bucket:
     """The shapes one graph is captured for."""
 
     batch: int
-    """Rows: the window of cache slots 0..batch-1."""
+    """Rows: the window of cache slots 0..batch-1 (one row, by its slot, if ``gather``)."""
     nodes: int
     span: int
     """Cache positions the attention reads."""
+    gather: bool = False
+    """One row read by its slot (index_select), not as a window of slots from 0."""
 
 
 def power_of_two(n: int) -> int:
@@ -65,16 +77,18 @@ def plan(
 ) -> Bucket | None:
     """The bucket a forward of ``nodes`` nodes in each of ``slots`` runs in, given every
     slot's cache length ``lens``; None when none fits (it runs eagerly)."""
-    if nodes > MAX_NODES:
+    if nodes > (MAX_PREFILL if len(slots) == 1 else MAX_NODES):
         return None
-    batch = min(power_of_two(max(slots) + 1), max_batch)
-    if any(lens[s] for s in set(range(batch)) - set(slots)):
-        return None  # a pad row would overwrite a row that is not in this step
     padded = power_of_two(nodes)
     need = max(lens[s] for s in slots) + padded
     if need > max_len:
         return None
-    return Bucket(batch, padded, min(max(power_of_two(need), SPAN_MIN), max_len))
+    span = min(max(power_of_two(need), SPAN_MIN), max_len)
+    batch = min(power_of_two(max(slots) + 1), max_batch)
+    if not any(lens[s] for s in set(range(batch)) - set(slots)):
+        return Bucket(batch, padded, span)
+    # A pad row would overwrite a row that is not in this step: one row goes by its slot.
+    return Bucket(1, padded, span, gather=True) if len(slots) == 1 else None
 
 
 def pad(
@@ -88,23 +102,26 @@ def pad(
     """The step's inputs laid out for ``bucket``, on the host: (ints, mask).
 
     ints: long [tokens (batch x nodes), positions (batch x nodes), lens (batch), order
-    (batch)], row w of the first three being window slot w; ``order`` lists the step's slots
-    first (output row b is ``slots[b]``), then the pad rows. mask: bool [batch, nodes,
-    nodes], each pad node seeing itself only. A pad node sits at its row's length (a pad
-    row's is 0)."""
+    (batch), window (batch)]: row w of the first three is the bucket's row w, which reads and
+    writes cache slot ``window[w]`` (w itself, or the step's slot in a gather bucket); ``order``
+    lists the step's rows first (output row b is ``slots[b]``), then the pad rows. mask: bool
+    [batch, nodes, nodes], each pad node seeing itself only. A pad node sits at its row's
+    length (a pad row's is 0)."""
     n = tokens.shape[1]
     rows, width = bucket.batch, bucket.nodes
-    index = torch.tensor(list(slots), dtype=torch.long)
-    length = torch.tensor([lens[w] for w in range(rows)], dtype=torch.long)
+    window = list(slots) if bucket.gather else list(range(rows))
+    index = torch.tensor([window.index(s) for s in slots], dtype=torch.long)
+    length = torch.tensor([lens[w] for w in window], dtype=torch.long)
     tok = torch.zeros(rows, width, dtype=torch.long)
     tok[index, :n] = tokens.to(torch.long)
     pos = length.unsqueeze(1).repeat(1, width)
     pos[index, :n] = positions.to(torch.long)
     mask = torch.eye(width, dtype=torch.bool).repeat(rows, 1, 1)
     mask[index, :n, :n] = tree_mask.to(torch.bool)
-    rest = [w for w in range(rows) if w not in set(slots)]
-    order = torch.tensor([*slots, *rest], dtype=torch.long)
-    return torch.cat([tok.view(-1), pos.view(-1), length, order]), mask
+    rest = [w for w in range(rows) if w not in set(index.tolist())]
+    order = torch.tensor([*index.tolist(), *rest], dtype=torch.long)
+    ends = torch.tensor(window, dtype=torch.long)
+    return torch.cat([tok.view(-1), pos.view(-1), length, order, ends]), mask
 
 
 @dataclass
@@ -138,9 +155,11 @@ class CudaGraphs:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         tree_mask: torch.Tensor,
+        last_only: bool = False,
     ) -> torch.Tensor | None:
-        """``TreeModel.verify``'s logits [B, N, vocab] by the step's bucket; None: run it
-        eagerly (no bucket fits, or capturing failed)."""
+        """``TreeModel.verify``'s logits [B, N, vocab] by the step's bucket ([B, 1, vocab] of
+        the last node with ``last_only``: a prefill chunk's); None: run it eagerly (no bucket
+        fits, or capturing failed)."""
         m = self.model
         bucket = plan(slots, tokens.shape[1], m.cache.lens, m.max_batch, m.max_len)
         if bucket is None or self.failed is not None:
@@ -159,7 +178,7 @@ class CudaGraphs:
         entry.run()
         self.replays += 1
         b, n = tokens.shape
-        return entry.out[:b, :n].clone()
+        return entry.out[:b, n - 1 if last_only else 0 : n].clone()
 
     def _build(self, bucket: Bucket, ints: torch.Tensor, mask: torch.Tensor) -> Captured | None:
         """A bucket's buffers (filled with this step's inputs) and, on a GPU, its graph:
@@ -202,11 +221,11 @@ class CudaGraphs:
         """The padded forward on the static buffers: what a graph holds."""
         rows, n = bucket.batch, bucket.nodes
         tokens, positions = ints[: rows * n].view(rows, n), ints[rows * n : 2 * rows * n]
-        lens, order = ints[2 * rows * n : 2 * rows * n + rows], ints[2 * rows * n + rows :]
+        lens, order, slots = ints[2 * rows * n :].view(3, rows)
         arange = self.model.cache.arange
-        window = arange[:rows]
+        window = slots if bucket.gather else arange[:rows]
         cols = lens.unsqueeze(1) + arange[:n]
-        step = Step(window, lens, window.unsqueeze(1).expand(rows, n), cols, bucket.span, 0,
-                    torch.zeros_like(lens))  # fmt: skip
+        step = Step(window, lens, window.unsqueeze(1).expand(rows, n), cols, bucket.span,
+                    None if bucket.gather else 0, torch.zeros_like(lens))  # fmt: skip
         logits = self.model.layers(step, tokens, positions.view(rows, n), mask, additive=True)
         torch.index_select(logits, 0, order, out=out)

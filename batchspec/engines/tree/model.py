@@ -193,7 +193,13 @@ class TreeModel:
             n = chunk.shape[1]
             positions = self.cache.arange[start : start + n].unsqueeze(0)
             mask = self._causal[:n, :n].unsqueeze(0)
-            logits = self._forward([slot], chunk, positions, mask, last_only=True)
+            logits = (
+                None
+                if self.graphs is None
+                else self.graphs.forward([slot], chunk, positions, mask, last_only=True)
+            )  # one replay on a GPU where eager launches every kernel of every layer
+            if logits is None:
+                logits = self._forward([slot], chunk, positions, mask, last_only=True)
             self.cache.lens[slot] += n
         return logits[0, -1]
 
