@@ -4,9 +4,10 @@ Why a module of their own: on a GPU each of them is several kernels (RMSNorm alo
 bfloat16), and a batch-1 step is bound by how many kernels it runs, not by the weights. The
 model calls them through its ``ops`` (``self.ops.rms_norm(...)``): ``EAGER``, the reference
 the tests compare against, or ``fused()``, each compiled by inductor into one kernel, which a
-model on a GPU takes with its CUDA graphs (on an H200, 7B shape, batch 1: 6.36 -> 5.65 ms a
-step, 1,086 -> 471 kernels; docs/trees.md). The CPU's batch-1 path (``onerow.py``) compiles its
-own regions and does not use them.
+model on a GPU takes with its CUDA graphs (on an H200, 7B shape, batch 1, on graphs: 6.61 ->
+5.26 ms a step, 1,086 -> 471 kernels; docs/trees.md). On the CPU they do not pay (a 5-node
+verify of the 135M model: 98 ms compiled against 84 as written), so the CPU keeps them as
+written; its batch-1 path (``onerow.py``) compiles regions of its own.
 """
 
 from __future__ import annotations
@@ -57,12 +58,12 @@ EAGER = SimpleNamespace(**{name: globals()[name] for name in NAMES})
 @cache
 def fused(backend: Any = "inductor") -> SimpleNamespace:
     """Every op compiled by ``backend`` (one set per process and backend, shared by its models;
-    the tests count compilations with a backend of their own). Each is
-    called on its inputs flattened to [tokens, ...], so that one dimension alone varies with
-    the step's rows and nodes and compiles as dynamic: two compilations an op (one token, and
-    any number), where [rows, nodes, ...] shapes hit dynamo's limit of 8 recompilations on the
-    tree engine's buckets and fell back to eager. Compilation happens on an op's first call of
-    a shape, so a CUDA graph must be warmed up before its capture (``graphs.py`` is)."""
+    the tests count compilations with a backend of their own). Each is called on its inputs
+    flattened to [tokens, ...], so that one dimension alone varies with the step's rows and
+    nodes and compiles as dynamic: two compilations an op (one token, and any number), where
+    [rows, nodes, ...] shapes hit dynamo's limit of 8 recompilations on the tree engine's
+    buckets and fell back to eager. Compilation happens on an op's first call of a shape, so a
+    CUDA graph must be warmed up before its capture (``graphs.py`` is)."""
     c = {name: torch.compile(getattr(EAGER, name), dynamic=True, backend=backend) for name in NAMES}
 
     def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
