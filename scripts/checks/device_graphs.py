@@ -2,8 +2,8 @@
 weights, vLLM, polars or network (random weights; pydantic's wheels carried: docs/trees.md):
 
 - correctness (issue 21), on a random SmolLM2-135M shape in float32 (logits sharpened, so
-  that sampled rows repeat and n-gram trees draft), at batch 1 and 8, the verify forwards on
-  CUDA graphs: greedy K=4 n-gram trees and K=4 draft-model trees (a self-draft of the first
+  that sampled rows repeat and n-gram trees draft), at batch 1 and 8, the verify forwards and
+  prefill chunks on CUDA graphs (``--parts checks``): greedy K=4 n-gram trees and K=4 draft-model trees (a self-draft of the first
   half of the layers) token for token K=0's, K=0 on graphs = K=0 eager; sampled runs
   (temperature 0.8, top-p 0.9) complete, their seeded rows the same when run again;
 - speed (issue 35, target T4): plain decode steps at batch 1 and 8 and verifies of 1 x 4, 8,
@@ -11,7 +11,10 @@ weights, vLLM, polars or network (random weights; pydantic's wheels carried: doc
   rounds (a step: the forward, an argmax and its host sync), as gpt-fast's "Bandwidth
   achieved" (bytes of weights and KV read per step / step time) beside the copy bandwidth
   measured in the same run (a 1 GiB device-to-device copy); the GPU operations a plain step
-  launches; graphs with the element-wise ops as written, against the engine's compiled ones.
+  launches; graphs with the element-wise ops as written, against the engine's compiled ones;
+- the engine's speed (``--parts engine``) on the 7B shape: K=0 and K=4 trees at batch 1 and
+  8, decode ms a forward beside the bare forward's, and each row's prefill (on graphs since
+  71a39df: not yet measured on a GPU).
 
 Its last line is T4's; the transcript goes to ``--out``; exit 1 when a check fails. With
 ``--device cpu`` it runs tiny shapes through the padded forward uncaptured, in seconds (the
