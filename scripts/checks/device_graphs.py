@@ -3,9 +3,10 @@ weights, vLLM, polars or network (random weights; pydantic's wheels carried: doc
 
 - correctness (issue 21), on a random SmolLM2-135M shape in float32 (logits sharpened, so
   that sampled rows repeat and n-gram trees draft), at batch 1 and 8, the verify forwards and
-  prefill chunks on CUDA graphs (``--parts checks``): greedy K=4 n-gram trees and K=4 draft-model trees (a self-draft of the first
-  half of the layers) token for token K=0's, K=0 on graphs = K=0 eager; sampled runs
-  (temperature 0.8, top-p 0.9) complete, their seeded rows the same when run again;
+  prefill chunks on CUDA graphs (``--parts checks``): greedy K=4 n-gram trees and K=4
+  draft-model trees (a self-draft of the first half of the layers) token for token K=0's, K=0
+  on graphs = K=0 eager; sampled runs (temperature 0.8, top-p 0.9) complete, their seeded
+  rows the same when run again;
 - speed (issue 35, target T4): plain decode steps at batch 1 and 8 and verifies of 1 x 4, 8,
   16 nodes and 8 x 16 on a random Llama-2-7B shape in bfloat16, eager against graphs in ABBA
   rounds (a step: the forward, an argmax and its host sync), as gpt-fast's "Bandwidth
