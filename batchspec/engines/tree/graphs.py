@@ -110,7 +110,8 @@ def pad(
     n = tokens.shape[1]
     rows, width = bucket.batch, bucket.nodes
     window = list(slots) if bucket.gather else list(range(rows))
-    index = torch.tensor([window.index(s) for s in slots], dtype=torch.long)
+    taken = [window.index(s) for s in slots]
+    index = torch.tensor(taken, dtype=torch.long)
     length = torch.tensor([lens[w] for w in window], dtype=torch.long)
     tok = torch.zeros(rows, width, dtype=torch.long)
     tok[index, :n] = tokens.to(torch.long)
@@ -118,8 +119,8 @@ def pad(
     pos[index, :n] = positions.to(torch.long)
     mask = torch.eye(width, dtype=torch.bool).repeat(rows, 1, 1)
     mask[index, :n, :n] = tree_mask.to(torch.bool)
-    rest = [w for w in range(rows) if w not in set(index.tolist())]
-    order = torch.tensor([*index.tolist(), *rest], dtype=torch.long)
+    rest = sorted(set(range(rows)) - set(taken))
+    order = torch.tensor([*taken, *rest], dtype=torch.long)
     ends = torch.tensor(window, dtype=torch.long)
     return torch.cat([tok.view(-1), pos.view(-1), length, order, ends]), mask
 
