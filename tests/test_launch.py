@@ -29,9 +29,10 @@ def test_gpu_slices_by_tensor_parallel_size() -> None:
 
 def test_cpu_slices_give_each_worker_its_own_cores() -> None:
     assert cpu_slices(2, 1, [0, 1]) == ["0", "1"]
-    # Four cores per worker: three for its threads, one left to its engine's scheduler.
-    assert cpu_slices(2, 1, list(range(8))) == ["0,1,2", "4,5,6"]
-    assert cpu_slices(1, 2, [0, 1, 2, 3]) == ["0|2"]  # one bind list per tensor-parallel rank
+    # Four cores per worker, all for its threads: a one-rank model computes in its engine core.
+    assert cpu_slices(2, 1, list(range(8))) == ["0,1,2,3", "4,5,6,7"]
+    # One bind list per tensor-parallel rank, each rank's last core left to the engine core.
+    assert cpu_slices(1, 2, [0, 1, 2, 3]) == ["0|2"]
     assert cpu_slices(3, 1, [0, 1]) == [None, None, None]  # fewer cores than workers
 
 

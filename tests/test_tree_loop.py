@@ -251,7 +251,7 @@ def test_the_tree_engine_takes_a_thread_per_core_or_fewer_as_omp_num_threads_say
     code = """
 import os, torch
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
-from batchspec.engines.tree.load import bind_cpus
+from batchspec.engines.cpu_threads import bind_cpus
 for omp in ("1", None, "8", "x"):
     os.environ.pop("OMP_NUM_THREADS", None)
     if omp is not None:

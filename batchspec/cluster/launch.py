@@ -64,16 +64,18 @@ def cpu_slices(workers: int, tp: int, cpus: list[int]) -> list[str | None]:
     vLLM's CPU build binds every engine's threads to the cores of the first NUMA node it may
     use, so N engines on one node would all compute on the same cores (measured here: two
     workers on 2 cores ran at 35 output tokens/s each, bound apart at 67 and 72). Each worker
-    gets its own slice, one bind list per tensor-parallel rank; with more than one core per
-    rank the last one is left to the engine's scheduler process, as vLLM itself reserves it.
-    None everywhere when there are fewer cores than ranks: vLLM then decides.
+    gets its own slice, one bind list per tensor-parallel rank. A one-rank model computes in
+    its engine core (``engines.vllm_fork``; the tree engine in the worker), on its whole
+    slice; with several ranks each rank's last core is left to the engine core, whose loop
+    polls the ranks, as vLLM itself reserves it. None everywhere when there are fewer cores
+    than ranks: vLLM then decides.
     """
     ranks = workers * tp
     if len(cpus) < ranks:
         return [None] * workers
     per = len(cpus) // ranks
     groups = [cpus[r * per : (r + 1) * per] for r in range(ranks)]
-    binds = [",".join(map(str, g[:-1] if len(g) > 1 else g)) for g in groups]
+    binds = [",".join(map(str, g[:-1] if len(g) > 1 and tp > 1 else g)) for g in groups]
     return ["|".join(binds[w * tp : (w + 1) * tp]) for w in range(workers)]
 
 

@@ -7,15 +7,14 @@ their own without a model directory.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from batchspec.engines.cpu_threads import bind_cpus
 from batchspec.engines.tree import ops
 from batchspec.engines.tree.drafter import growth_scratch, open_model_drafter
 from batchspec.engines.tree.drafting import Drafter
@@ -29,9 +28,6 @@ from batchspec.engines.vllm_fork import parallel_compute_ran
 from batchspec.models import load_tokenizer, resolve_model
 from batchspec.spec import JobSpec
 
-CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-"""The core slice ``batchspec run --workers N`` gives each worker on CPU (vLLM's variable:
-``0,1`` or ``0-3``; ``|`` separates tensor-parallel ranks, the tree engine takes the first)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -124,27 +120,6 @@ def _drafter(
         opener = open_model_drafter if method == "draft_model" else open_eagle_drafter
         models[method] = opener(spec, target, target.max_len + scratch)
     return NgramFirst(ngram, models[method]) if first == "ngram" else models[method]
-
-
-def bind_cpus() -> None:
-    """Run on this worker's cores only, so that workers sharing a machine do not contend
-    (the model's thread count follows the affinity)."""
-    bind = os.environ.get(CPU_BIND_ENV, "auto")
-    if bind in ("auto", "nobind", ""):
-        # One thread per core this process may use: more threads than cores (torch's
-        # default counts the machine's cores) made steps ~10x slower on a shared machine.
-        # Fewer where OMP_NUM_THREADS says so (as vLLM's in-process engine takes it).
-        threads = len(os.sched_getaffinity(0))
-        with contextlib.suppress(ValueError):
-            threads = max(1, min(threads, int(os.environ.get("OMP_NUM_THREADS", threads))))
-        torch.set_num_threads(threads)
-        return
-    cpus: set[int] = set()
-    for part in bind.split("|")[0].split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    os.sched_setaffinity(0, cpus)
-    torch.set_num_threads(len(cpus))
 
 
 def eos_ids(model_dir: Path, tokenizer: Any) -> set[int]:
