@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,12 +60,6 @@ def engine_core_forked() -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in (METHOD_ENV, FORK_CORE_ENV)}
     if not _parallel_ran and saved[METHOD_ENV] != "spawn":
         os.environ[FORK_CORE_ENV] = "1"
-        # numba's OpenMP layer (vLLM's n-gram proposer) sets libgomp's thread count to
-        # NUMBA_NUM_THREADS when it starts and after each proposal, by default every core of
-        # the machine (two threads on one core ran 9 output tokens/s against 60). numba reads
-        # it when imported, in this process (vLLM imports it while the engine is set up) and
-        # again at each compilation, in the core: so it is set here, and for good.
-        os.environ.setdefault("NUMBA_NUM_THREADS", str(thread_count()))
     try:
         yield
     finally:
@@ -110,3 +105,21 @@ def _in_forked_engine_core() -> None:
         os.environ[METHOD_ENV] = "spawn"
         if _model_in_core:
             bind_cpus()
+            _numba_threads(thread_count())
+
+
+def _numba_threads(count: int) -> None:
+    """numba's OpenMP layer (vLLM's n-gram proposer) sets libgomp's thread count to its own,
+    ``NUMBA_NUM_THREADS``, when it starts and after each proposal: by default the cores the
+    process could use when numba was imported, here the worker's (two threads on one bound
+    core ran 9 output tokens/s against 48). So it is told the core's count: in the
+    environment (it reads it again at each compilation) and, where the worker imported it
+    already, in its settings. Not where its threads run already (not in a worker)."""
+    os.environ["NUMBA_NUM_THREADS"] = str(count)
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if parallel is not None and parallel._is_initialized:
+        return
+    if (config := sys.modules.get("numba.core.config")) is not None:
+        config.reload_config()
+    if parallel is not None:
+        parallel.NUM_THREADS = count  # what its threads start with, read at its import
