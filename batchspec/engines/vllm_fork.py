@@ -117,8 +117,8 @@ def _numba_threads(count: int) -> None:
     already, in its settings. Not where its threads run already (not in a worker)."""
     os.environ["NUMBA_NUM_THREADS"] = str(count)
     parallel = sys.modules.get("numba.np.ufunc.parallel")
-    if parallel is not None and parallel._is_initialized:
-        return
+    if parallel is not None and getattr(parallel, "_is_initialized", True):
+        return  # started, or a numba whose settings this does not know
     if (config := sys.modules.get("numba.core.config")) is not None:
         config.reload_config()
     if parallel is not None:
