@@ -165,6 +165,36 @@ def test_a_unit_listed_as_held_is_passed_over_without_a_claim_attempt(tmp_path: 
     assert claims.claim(units(2)[1]) and attempts == [units(2)[1].unit_id]
 
 
+@pytest.mark.parametrize("lingering", [True, False])
+def test_a_lingerer_sees_a_holders_commit_at_its_next_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lingering: bool
+) -> None:
+    """Its own work done, a lingerer lists leases/ again when its listing is older than
+    LINGER_LIST_S (5 s), not HELD_S (30 s): a unit another worker held and has committed since is tried at once (its young
+    listing of parts does not show the commit: the claim finds it, under the lease) and the
+    worker can leave; a two-task array sat idle ~30 s at its end before. A worker about to
+    leave keeps trusting its listing (a fleet's last looks, fleet.md)."""
+    from batchspec.work import claims as claims_mod
+
+    monkeypatch.setattr(claims_mod, "REVISIT_S", 0.0)
+    monkeypatch.setattr(claims_mod, "LINGER_LIST_S", 0.0)
+    out = OutDir(tmp_path)
+    other = Leases(out, "other", 60, 10)
+    other.beat()
+    (unit,) = units(1)
+    assert other.try_claim(unit.unit_id)
+    claims = Claims(out, Leases(out, "me", 60, 10), FailureLog(out, "run"), set())
+    monkeypatch.setattr(claims, "lingers", lambda: lingering)
+    claims._crowded = time.monotonic()  # we walk where others work
+    assert not claims.claim(unit) and list(claims.deferred) == [unit]  # listed as held
+    commit(out, unit.unit_id)
+    other.release(unit.unit_id)
+    claims._revisit_due()
+    assert list(claims.deferred) == ([] if lingering else [unit])
+    assert list(claims._again) == ([unit] if lingering else [])
+    assert not claims.claim(unit) and not out.lease(unit.unit_id).exists()  # committed
+
+
 class Plan:
     """A scheduler's plan order, no more (Claims only asks for the next unit and the rows)."""
 

@@ -81,6 +81,11 @@ class HeldIndex:
     def held(self, unit_id: str) -> bool:
         return unit_id in self.leases.current()
 
+    def fresh(self, max_age: float) -> None:
+        """List again at the next look if the listing is older than ``max_age``."""
+        if self.leases.age() > max_age:
+            self.leases.expire()
+
     def stale(self) -> None:
         """A unit the listing showed free was held: list again at the next look, unless the
         listing is younger than a tenth of ``HELD_S`` (a walk over units taken since lists
