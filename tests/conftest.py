@@ -25,7 +25,8 @@ import pytest
 import yaml
 from support.slurm.fixture import slurm_cluster  # noqa: F401  (a real one-node Slurm cluster)
 
-CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+from batchspec.engines.cpu_threads import CPU_BIND_ENV
+
 MAX_TEST_WORKERS = 4
 """More parallel engines than this would need more memory than a CI machine has."""
 
@@ -56,9 +57,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_configure(config: pytest.Config) -> None:
     """On an xdist worker, bind the compute threads of its engines to a share of the cores.
 
-    Only the engines' threads are bound (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``), not the
-    processes: pinning a whole test to one core also puts vLLM's busy-polling scheduler
-    process there, which halved the speed of single-engine tests in a trial run.
+    Only the engines' threads are bound (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``: a forked
+    engine core and the tree engine take those cores, ``engines.cpu_threads``), not the test's
+    processes: pinning a whole test to one core once put vLLM's busy-polling scheduler there
+    too, which halved the speed of single-engine tests in a trial run.
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -150,10 +152,10 @@ IN_PROCESS_ENGINE = {
     "OMP_NUM_THREADS": "1",
     CPU_BIND_ENV: "nobind",
 }
-"""vLLM's engine core and model in the CLI's own process: one vLLM import instead of three, an
-engine start of ~4 s instead of ~18 s here, the same rows. The tests of what comes out (rows,
-columns, K choices) use it; the tests of crashes, signals, several workers and Slurm keep
-vLLM's default (engine and model in processes of their own), which production uses. In the
+"""vLLM's engine core and model in the CLI's own process: an engine start of ~7 s instead of
+~10 s here (``scripts/bench/engine_start.py``), the same rows. The tests of what comes out
+(rows, columns, K choices) use it; the tests of crashes, signals, several workers and Slurm
+keep the layout production uses (the engine core in a process of its own). In the
 CLI's process the model's threads are kept to one and not bound to a core: OpenMP threads of
 parallel tests spinning on the same cores ran three times slower in a trial."""
 

@@ -170,10 +170,10 @@ def test_a_lingerer_sees_a_holders_commit_at_its_next_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lingering: bool
 ) -> None:
     """Its own work done, a lingerer lists leases/ again when its listing is older than
-    LINGER_LIST_S (5 s), not HELD_S (30 s): a unit another worker held and has committed since is tried at once (its young
-    listing of parts does not show the commit: the claim finds it, under the lease) and the
-    worker can leave; a two-task array sat idle ~30 s at its end before. A worker about to
-    leave keeps trusting its listing (a fleet's last looks, fleet.md)."""
+    LINGER_LIST_S (5 s), not HELD_S (30 s): a unit another worker held and has committed
+    since is tried at once (its young listing of parts does not show the commit: the claim
+    finds it, under the lease) and the worker can leave; a two-task array sat idle ~30 s at
+    its end before. A worker about to leave keeps trusting its listing (fleet.md)."""
     from batchspec.work import claims as claims_mod
 
     monkeypatch.setattr(claims_mod, "REVISIT_S", 0.0)

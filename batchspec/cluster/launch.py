@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 
+from batchspec.engines.cpu_threads import CPU_BIND_ENV
 from batchspec.errors import UserError
 from batchspec.io.layout import OutDir
 from batchspec.work.completion import Exit
@@ -53,9 +54,6 @@ def gpu_slices(workers: int, tp: int, gpus: list[str]) -> list[str | None]:
             f"GPUs; {len(gpus)} are visible ({','.join(gpus)})"
         )
     return [",".join(gpus[i * tp : (i + 1) * tp]) for i in range(workers)]
-
-
-CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def cpu_slices(workers: int, tp: int, cpus: list[int]) -> list[str | None]:

@@ -42,12 +42,14 @@ def thread_count() -> int:
     return threads
 
 
-def bind_cpus() -> None:
+def bind_cpus() -> int:
     """Run on this worker's cores only, so that workers sharing a machine do not contend,
-    with a thread each (``thread_count``)."""
+    with a thread each (``thread_count``); returns that count."""
     import torch
 
     cpus = bound_cpus()
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
-    torch.set_num_threads(thread_count())
+    threads = thread_count()
+    torch.set_num_threads(threads)
+    return threads

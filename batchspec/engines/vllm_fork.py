@@ -33,7 +33,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from batchspec.engines.cpu_threads import bind_cpus, thread_count
+from batchspec.engines.cpu_threads import bind_cpus
 
 METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 FORK_CORE_ENV = "BATCHSPEC_FORK_ENGINE_CORE"
@@ -104,8 +104,7 @@ def _in_forked_engine_core() -> None:
     if os.environ.pop(FORK_CORE_ENV, None):
         os.environ[METHOD_ENV] = "spawn"
         if _model_in_core:
-            bind_cpus()
-            _numba_threads(thread_count())
+            _numba_threads(bind_cpus())
 
 
 def _numba_threads(count: int) -> None:
