@@ -127,7 +127,7 @@ def test_early_warning_signal_stops_a_task_and_another_finishes_its_units(
     SIGTERM to one worker, its units handed back and finished by another) runs by default in
     test_interrupts.py and test_workers.py, without Slurm."""
     if not full:
-        pytest.skip("about 100 s of Slurm: runs with --full")
+        pytest.skip("about 50 s of Slurm: runs with --full")
     job, ids = resume_job(tmp_path, rows=64, unit_rows=4, max_tokens=24)
     data = yaml.safe_load(job.read_text())
     data["execution"]["shutdown_grace_s"] = 2
