@@ -24,8 +24,9 @@ pytestmark = pytest.mark.engine
 def test_two_workers_share_units_stop_on_a_group_signal_and_never_commit_one_twice(
     tmp_path: Path,
 ) -> None:
-    """38 s alone (130 s before a lingering worker saw the other's commits within 5 s,
-    ``claims.LINGER_LIST_S``: each run's last worker sat ~30 s idle), 55 CPU-s. Back in the
+    """38 s alone on 2026-12-04 (130 s at a load of 2 before a lingering worker saw the
+    other's commits within 5 s, ``claims.LINGER_LIST_S``: each run's last worker sat ~30 s
+    idle). Back in the
     default suite with that (issue 34, V3); the same claiming is also proven by the Slurm
     array's two tasks on one directory (``test_slurm``) and the simulated fleet's workers under
     kills (``test_fleet``)."""

@@ -90,8 +90,7 @@ class HeldIndex:
         """A unit the listing showed free was held: list again at the next look, unless the
         listing is younger than a tenth of ``HELD_S`` (a walk over units taken since lists
         once or twice, not per unit; a fleet's end, every few seconds at most)."""
-        if self.leases.age() > HELD_S / 10:
-            self.leases.expire()
+        self.fresh(HELD_S / 10)
 
 
 class DoneIndex:
