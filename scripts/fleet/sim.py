@@ -96,20 +96,27 @@ def exactly_once(out: OutDir, units: int, rows: int) -> tuple[bool, int]:
     return ok and len(seen) == len(set(seen)) == units * rows, len(parts)
 
 
-def takeovers(reports: list[dict], speed: float) -> list[tuple[float, str]]:
-    """Simulated seconds from each kill to the next claim of each unit the dead one held, and
-    how it was found: ``watch`` (a watcher, or the taker of its other lease) or ``try``."""
+def takeovers(reports: list[dict], speed: float) -> list[tuple[float, str, float]]:
+    """Simulated seconds from each kill to the next claim of each unit the dead one held (its
+    engine got it), how it was found: ``watch`` (a watcher, or the taker of its other lease)
+    or ``try``, and seconds from the kill to its lease (a watcher leases the units at its
+    look, and its engine gets them at its next pull, after a unit of its own at worst)."""
     claims: dict[str, list[tuple[float, bool]]] = {}
+    leased: dict[str, list[float]] = {}
     for r in reports:
         for t, uid in r["claims"]:
             claims.setdefault(uid, []).append((t, uid in r["watched"]))
+        for t, uid in r["retired"]:
+            leased.setdefault(uid, []).append(t)
     waits = []
     for r in (r for r in reports if r["killed_at"] is not None):
         for uid in r["held_at_kill"]:
             later = [c for c in claims.get(uid, []) if c[0] > r["killed_at"]]
             if later:  # none: the dead one's commit in flight at the kill went through
                 t, watched = min(later)
-                waits.append(((t - r["killed_at"]) * speed, "watch" if watched else "try"))
+                lease = min([x for x in leased.get(uid, []) if r["killed_at"] < x <= t] or [t])
+                how = "watch" if watched else "try"
+                waits.append(((t - r["killed_at"]) * speed, how, (lease - r["killed_at"]) * speed))
     return sorted(waits)
 
 
@@ -214,8 +221,9 @@ def simulate(cfg: dict) -> dict:
         "phases": phases(reports, speed),
         "first_unit_s": (statistics.median(firsts), max(firsts)) if firsts else (0, 0),
         "kills": sum(w["killed_at"] is not None for w in reports),
-        "takeover_s": max((w for w, _ in waits), default=None),
-        "takeovers": [(round(w), how) for w, how in waits],
+        "takeover_s": max((w for w, _, _ in waits), default=None),
+        "leased_s": max((x for _, _, x in waits), default=None),
+        "takeovers": [(round(w), how, round(x)) for w, how, x in waits],
         "look_gaps": gaps,
         "exactly_once": ok and not errors and not any(r["capped"] for r in results),
         "exits": exits(reports, speed),
@@ -241,7 +249,7 @@ def lines(r: dict) -> list[str]:
     ph, gaps = r["phases"], r["look_gaps"]
     by = ", ".join(f"{k[3:]} {v[0]}" for k, v in sorted(ph.items()) if k.startswith("by_"))
     when = ", ".join(f"{k} {ph[k][0]}/{ph[k][1]}" for k in ("start", "work", "end"))
-    waits = ", ".join(f"{w} {how}" for w, how in r["takeovers"])
+    waits = ", ".join(f"{w} {how}" + (f" ({x})" if x != w else "") for w, how, x in r["takeovers"])
     looks = ""
     if gaps:
         p99 = gaps[int(0.99 * (len(gaps) - 1))]
@@ -256,7 +264,8 @@ def lines(r: dict) -> list[str]:
         f"{r['wall_s']:.0f} | {kinds} |",
         f"  conflicts/claims: {when} (phases end at {'/'.join(map(str, ph['edges_s']))} s); by "
         f"the claimant's state: {by or 'none'}; lingerers {ph['lingerers'][0]}",
-        f"  takeovers (s after the kill, found by): {waits or 'none'}{looks}",
+        f"  takeovers (s after the kill, found by; leased at, when sooner): {waits or 'none'}"
+        f"{looks}",
         f"  exit codes (code: workers, when s): {r['exits']}",
     ]
 

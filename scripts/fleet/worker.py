@@ -41,8 +41,10 @@ class CountingClaims(Claims):
         self.kinds: Counter[str] = Counter()
         self.watched: set[str] = set()
         self.looks: list[float] = []
+        self.retired: list[tuple[float, str]] = []
+        """Units of a dead worker its watcher took over, when (before the engine got them)."""
         self._revisiting: dict[str, str] = {}
-        look, try_claim = self.watch.look, self.leases.try_claim
+        look, try_claim, retire = self.watch.look, self.leases.try_claim, self.leases.retire
 
         def looked() -> None:
             at = self.watch._at
@@ -58,8 +60,14 @@ class CountingClaims(Claims):
             self._revisiting.pop(unit_id, None)
             return ok
 
+        def retired(worker: str) -> list[str]:
+            units = retire(worker)
+            self.retired += [(time.time() - self.t0, u) for u in units]
+            return units
+
         self.leases.after_beat = looked
         self.leases.try_claim = counted  # type: ignore[method-assign]
+        self.leases.retire = retired  # type: ignore[method-assign]
 
     def _revisit_due(self) -> None:
         super()._revisit_due()
@@ -155,7 +163,9 @@ class SimWorker:
         if self.worker is None:  # it failed before its worker was made (``error`` says why)
             none: dict[str, Any] = dict(committed=0, discarded=0, first_claim=None, lingers=0)
             return (
-                mine | none | dict(claims=[], conflicts=[], conflict_kinds={}, watched=[], looks=[])
+                mine
+                | none
+                | dict(claims=[], conflicts=[], conflict_kinds={}, watched=[], looks=[], retired=[])
             )
         c, stats = self.worker.claims, self.worker.stats
         assert isinstance(c, CountingClaims)
@@ -168,5 +178,6 @@ class SimWorker:
             "first_claim": c.claimed[0][0] if c.claimed else None,
             "watched": sorted(c.watched),
             "looks": c.looks,
+            "retired": c.retired,
             "lingers": c.lingers(),
         }
