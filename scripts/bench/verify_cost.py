@@ -29,15 +29,24 @@ LONG_SET = ROOT / "jobs" / "data" / "prompts_long.parquet"
 
 
 def verify_costs(model: TreeModel, nodes: list[int], rounds: int, reps: int) -> dict:
-    """Plain-step and verify ms (median of ``reps``) per node count, ABBA."""
+    """Plain-step and verify ms (median of ``reps``) per node count, ABBA; where the small-row
+    kernel is built (``engines/tree/smallm.py``), the verify with oneDNN's products too."""
+    linears = list(model.weights.linears())
+    kernels = [m.small for m in linears]
+    configs = ["plain", "verify"] + (["verify oneDNN"] if any(kernels) else [])
     out = {}
     for n in nodes:
 
         def run(config: str, _round: int, n: int = n) -> float:
-            return step_ms(model, 1, n if config == "verify" else 1, reps, statistics.median)
+            for m, kernel in zip(linears, kernels, strict=True):
+                m.small = None if config == "verify oneDNN" else kernel
+            return step_ms(model, 1, 1 if config == "plain" else n, reps, statistics.median)
 
-        out[n] = got = abba(["plain", "verify"], rounds, run, lambda _c, ms: f"{ms:.1f} ms")
-        print(f"N={n:>2}: verify/plain {ratio(got['verify'], got['plain'])}", flush=True)
+        out[n] = got = abba(configs, rounds, run, lambda _c, ms: f"{ms:.1f} ms")
+        line = f"N={n:>2}: verify/plain {ratio(got['verify'], got['plain'])}"
+        if "verify oneDNN" in got:
+            line += f", with oneDNN's products {ratio(got['verify oneDNN'], got['plain'])}"
+        print(line, flush=True)
     return out
 
 

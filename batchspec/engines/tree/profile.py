@@ -149,7 +149,8 @@ def machine() -> str:
 
 def profile_key(model: TreeModel, name: str, context: int = CONTEXT) -> str:
     """The cache key of ``model``'s profile: machine, model (``name`` and its config),
-    dtype, device, the process's thread count and the context measured behind each row."""
+    dtype, device, the process's thread count, the context measured behind each row, and the
+    kernels its steps run by."""
     parts = [
         machine(),
         name,
@@ -158,7 +159,9 @@ def profile_key(model: TreeModel, name: str, context: int = CONTEXT) -> str:
         str(model.device),
         f"threads={torch.get_num_threads()}",
         f"context={context}",
-    ] + (["cuda graphs"] if model.graphs is not None else [])  # eager steps cost more
+    ]
+    parts += ["cuda graphs"] if model.graphs is not None else []  # eager steps cost more
+    parts += ["small-row kernel"] if model.weights.head.small is not None else []  # cheaper
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
 
 

@@ -10,6 +10,7 @@ embedding is a column gather from it.
 
 from __future__ import annotations
 
+from ctypes import CDLL
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,18 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from batchspec.engines.tree.smallm import Panels, small_kernel
 from batchspec.errors import UserError
 from batchspec.models import read_safetensors
 
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 """RoPE variants whose angles depend on the position only (not on the sequence length)."""
+SMALL_ROWS = 16
+"""Up to this many rows a product runs by the small-row kernel (``smallm``, in passes of 8),
+where it is built: all the model's matrices, one thread, against oneDNN's packed products,
+2026-12-05, the one-row product's time = 1: 2 rows 0.85 against 1.35, 4 rows 0.94 / 1.28,
+8 rows 1.06 / 1.53, 16 rows 1.93 / 2.12, 24 rows 2.75 / 2.71 (two threads: 24 rows 1.41 /
+1.57, so the bound is set by one thread's figures)."""
 MIN_PACKED_ROWS = 4
 """oneDNN's product of 2 rows took 1.35x the time of 4 rows here (all the model's matrices, CPU
 time 47 vs 35 ms): fewer rows are padded with zeros up to this."""
@@ -37,16 +45,19 @@ class Linear:
     gate/up 10.7 vs 18.9, head 5.1 vs 9.9), HF's [out, in] when in > out (down 6.9 vs 8.8).
     Several rows (tree verify, batches, prefill): MKL's GEMM is far from the memory bound at
     2-16 rows (4 rows 51 ms, 16 rows 76 ms), oneDNN on weights packed once for it is not (17
-    and 34 ms). So on the CPU a matrix is kept twice, plain and packed (twice the weight
-    memory); elsewhere (CUDA) plain only.
+    and 34 ms), and the project's own kernel for a few rows less so (``smallm``). So on the CPU
+    a matrix is kept three times, plain, packed for oneDNN (prefill, large batches) and in
+    panels for the kernel (2 to ``SMALL_ROWS`` rows); elsewhere (CUDA) plain only.
     """
 
-    def __init__(self, weight: torch.Tensor, pack: bool) -> None:
+    def __init__(self, weight: torch.Tensor, pack: bool, kernel: CDLL | None = None) -> None:
         out, inner = weight.shape
         self.t = weight.t().contiguous() if out >= inner else None
         """W.T [in, out] when that layout is the one kept, else None (``w`` is)."""
         self.w = weight if self.t is None else None
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if pack else None
+        self.small = Panels(weight, kernel) if kernel and Panels.fits(weight) else None
+        """The matrix in the small-row kernel's panels (None: oneDNN takes every row count)."""
 
     def keep_rows(self) -> None:
         """Keep W [out, in] (what ``onerow``'s compiled regions read), not W.T."""
@@ -57,6 +68,8 @@ class Linear:
         rows = x.numel() // x.shape[-1]
         if self.packed is None or rows == 1:
             return x @ self.t if self.w is None else F.linear(x, self.w)
+        if self.small is not None and rows <= SMALL_ROWS:
+            return self.small(x)
         if rows >= MIN_PACKED_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         flat = x.reshape(rows, -1)
@@ -205,8 +218,10 @@ def convert(
     def take(name: str) -> torch.Tensor:
         return hf.pop(name).to(device=device, dtype=dtype)
 
+    kernel = small_kernel() if pack and dtype == torch.float32 else None
+
     def fused(*names: str) -> Linear:
-        return Linear(torch.cat([take(n) for n in names], 0), pack)
+        return Linear(torch.cat([take(n) for n in names], 0), pack, kernel)
 
     layers = []
     for i in range(cfg.num_hidden_layers):

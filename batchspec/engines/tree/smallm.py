@@ -1,0 +1,176 @@
+"""Products of a few rows (a tree's nodes, a small batch) that read each weight once.
+
+At 2-8 rows a product on this CPU should cost what one row's does: the weights stream from
+memory either way, and 8 rows' multiply-adds take a fraction of that time. The libraries do
+not get there: MKL's GEMM at 4 rows costs 1.5x its one-row product, oneDNN on weights packed
+for it 1.26x inductor's one-row reductions at 4 rows and 1.7x at 8 (docs/trees.md, "What a
+verify costs at batch 1"). This is the GEMM micro-kernel those products lack, for small M:
+the weight matrix packed once into panels of 8 output columns ([out / 8, in, 8], streamed
+front to back), and per panel, for up to 8 rows at once, each 8 weights loaded once and
+multiplied into one register per row (the row's input broadcast from L1). Written in C with
+AVX2 and FMA, compiled at first use with the machine's C compiler into the user's cache, and
+threaded over panels by the OpenMP runtime torch already loaded (one pool, torch's thread
+count). Where it cannot be built (no compiler, no AVX2, not x86) ``load`` says why once and the
+products stay oneDNN's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+PANEL = 8
+"""Output columns per panel: one AVX2 register of float32."""
+MAX_ROWS = 8
+"""Rows per pass over the weights (one accumulator register each, 10 of the 16 in use); more
+rows take further passes (``Linear`` hands 16 and more to oneDNN)."""
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <stddef.h>
+
+/* y[i][n] = sum_k x[i][k] * W[n][k] for the 8 columns of panel nb, M rows at once. */
+static inline __attribute__((always_inline)) void panel(
+    const int M, const float *x, const float *p, float *y, int K, int N, int nb) {
+  __m256 acc[8];
+  for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
+  const float *w = p + (size_t)nb * K;
+  for (int k = 0; k < K; k++) {
+    __m256 wv = _mm256_loadu_ps(w + (size_t)k * 8);
+    for (int i = 0; i < M; i++)
+      acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + (size_t)i * K + k), wv, acc[i]);
+  }
+  for (int i = 0; i < M; i++) _mm256_storeu_ps(y + (size_t)i * N + nb, acc[i]);
+}
+
+#define ROWS(m) case m: {                                            \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)") \
+    for (int nb = 0; nb < N; nb += 8) panel(m, x, p, y, K, N, nb);    \
+    break; }
+
+/* x [M, K] and y [M, N] row-major, p the packed weights [N / 8, K, 8]; M rows in passes of 8. */
+void smallm(const float *x0, const float *p, float *y0, int M, int K, int N, int threads) {
+  for (int m0 = 0; m0 < M; m0 += 8) {
+    const float *x = x0 + (size_t)m0 * K;
+    float *y = y0 + (size_t)m0 * N;
+    switch (M - m0 < 8 ? M - m0 : 8) {
+      ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+    }
+  }
+}
+"""
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+ENV = "BATCHSPEC_SMALLM"
+"""``BATCHSPEC_SMALLM=0``: oneDNN for every row count (to compare; or where the kernel is
+suspected)."""
+
+
+def kernel_dir() -> Path:
+    """``kernels/`` in the user's cache (``$BATCHSPEC_CACHE``, else ``$BATCHSPEC_HOME``, else
+    ``~/.cache/batchspec``), beside the step profiles."""
+    home = os.environ.get("BATCHSPEC_CACHE") or os.environ.get("BATCHSPEC_HOME")
+    return (Path(home) if home else Path.home() / ".cache" / "batchspec") / "kernels"
+
+
+def unsupported() -> str | None:
+    """Why the kernel cannot run on this machine, or None."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"not x86 ({platform.machine()})"
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return "no AVX2"
+    return None
+
+
+@cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel: from the cache, else built there first (one build per source and
+    flags; concurrent workers each write a file of their own and rename it into place); None
+    where it cannot run or be built, said once in the log."""
+    why = unsupported()
+    tag = hashlib.sha1((SOURCE + " ".join(FLAGS)).encode()).hexdigest()[:12]
+    path = kernel_dir() / f"smallm-{tag}.so"
+    if why is None and not path.exists():
+        why = build(path)
+    if why is not None:
+        log.info("small-row products by oneDNN: %s", why)
+        return None
+    lib = ctypes.CDLL(str(path))
+    lib.smallm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+    lib.smallm.restype = None
+    return lib
+
+
+def build(path: Path) -> str | None:
+    """Compile the kernel to ``path`` with ``$CC`` (else ``cc``); why it failed, or None."""
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        return f"no C compiler ({cc}; set $CC)"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src, tmp = (path.with_name(f"{path.stem}.{os.getpid()}{ext}") for ext in (".c", ".so"))
+    src.write_text(SOURCE)
+    try:
+        done = subprocess.run(
+            [cc, *FLAGS, str(src), "-o", str(tmp)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            return f"{cc} failed: {done.stderr.strip()[-300:]}"
+        os.replace(tmp, path)
+        return None
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def small_kernel() -> ctypes.CDLL | None:
+    """The kernel for this process's models, unless ``BATCHSPEC_SMALLM=0``."""
+    return None if os.environ.get(ENV, "1") == "0" else load()
+
+
+class Panels:
+    """One weight matrix W [out, in] (float32, out a multiple of ``PANEL``) packed for the
+    kernel; ``self(x)`` is ``x @ W.T`` for x [..., in] of any number of rows."""
+
+    def __init__(self, weight: torch.Tensor, lib: ctypes.CDLL):
+        out, inner = weight.shape
+        self.out, self.inner, self.lib = out, inner, lib
+        self.packed = weight.reshape(out // PANEL, PANEL, inner).transpose(1, 2).contiguous()
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        """Whether the kernel takes this matrix: float32 on the CPU, whole panels."""
+        return (
+            weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and weight.shape[0] % PANEL == 0
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.inner).contiguous()
+        if flat.dtype != torch.float32 or flat.device.type != "cpu":  # the kernel reads bytes
+            raise TypeError(
+                f"small-row kernel: float32 on the CPU, not {flat.dtype} on {flat.device}"
+            )
+        rows = flat.shape[0]
+        y = torch.empty(rows, self.out, dtype=flat.dtype, device=flat.device)  # not the default
+        threads = torch.get_num_threads()
+        self.lib.smallm(
+            flat.data_ptr(),
+            self.packed.data_ptr(),
+            y.data_ptr(),
+            rows,
+            self.inner,
+            self.out,
+            threads,
+        )
+        return y.view(*x.shape[:-1], self.out)
