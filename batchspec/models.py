@@ -53,6 +53,14 @@ EMBEDDED: dict[str, EmbeddedModel] = {
 }
 
 
+def user_cache() -> Path:
+    """Where this machine's measurements and builds are kept (step profiles, engine starts,
+    compiled kernels): ``$BATCHSPEC_CACHE``, else ``$BATCHSPEC_HOME`` (as models are), else
+    ``~/.cache/batchspec``."""
+    home = os.environ.get("BATCHSPEC_CACHE") or os.environ.get("BATCHSPEC_HOME")
+    return Path(home) if home else Path.home() / ".cache" / "batchspec"
+
+
 def cache_dir() -> Path:
     """Where prepared models live: $BATCHSPEC_HOME/models, else ~/.cache/batchspec/models."""
     home = os.environ.get("BATCHSPEC_HOME")

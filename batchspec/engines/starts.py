@@ -18,6 +18,7 @@ import socket
 from pathlib import Path
 
 from batchspec.io.temps import temp_name
+from batchspec.models import user_cache
 from batchspec.spec.tree import TREE, VLLM
 
 SHOWN = {VLLM: "vLLM", TREE: "tree engine"}
@@ -26,9 +27,7 @@ SHOWN = {VLLM: "vLLM", TREE: "tree engine"}
 
 def starts_file() -> Path:
     """``profiles/starts.json`` in the user's cache, where the step profiles are kept."""
-    home = os.environ.get("BATCHSPEC_CACHE") or os.environ.get("BATCHSPEC_HOME")
-    root = Path(home) if home else Path.home() / ".cache" / "batchspec"
-    return root / "profiles" / "starts.json"
+    return user_cache() / "profiles" / "starts.json"
 
 
 def _key(engine: str, model: str) -> str:

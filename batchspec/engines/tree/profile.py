@@ -41,6 +41,7 @@ import torch
 from batchspec.engines.tree.drafted import interp, seconds_drafted
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.step_check import StepCheck
+from batchspec.models import user_cache
 
 CONTEXT = 256
 """Cached tokens behind every measured row: attention cost grows with context, and a few
@@ -126,8 +127,7 @@ def batch_sizes(max_num_seqs: int) -> list[int]:
 def cache_root() -> Path:
     """Where profiles are kept: ``$BATCHSPEC_CACHE``, else ``$BATCHSPEC_HOME`` (as models
     are), else ``~/.cache/batchspec``; under ``profiles/``."""
-    home = os.environ.get("BATCHSPEC_CACHE") or os.environ.get("BATCHSPEC_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "batchspec") / "profiles"
+    return user_cache() / "profiles"
 
 
 def machine() -> str:

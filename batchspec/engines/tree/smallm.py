@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from batchspec.models import user_cache
+
 log = logging.getLogger(__name__)
 
 PANEL = 8
@@ -76,13 +78,6 @@ ENV = "BATCHSPEC_SMALLM"
 suspected)."""
 
 
-def kernel_dir() -> Path:
-    """``kernels/`` in the user's cache (``$BATCHSPEC_CACHE``, else ``$BATCHSPEC_HOME``, else
-    ``~/.cache/batchspec``), beside the step profiles."""
-    home = os.environ.get("BATCHSPEC_CACHE") or os.environ.get("BATCHSPEC_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "batchspec") / "kernels"
-
-
 def unsupported() -> str | None:
     """Why the kernel cannot run on this machine, or None."""
     if platform.machine() not in ("x86_64", "AMD64"):
@@ -99,7 +94,7 @@ def load() -> ctypes.CDLL | None:
     where it cannot run or be built, said once in the log."""
     why = unsupported()
     tag = hashlib.sha1((SOURCE + " ".join(FLAGS)).encode()).hexdigest()[:12]
-    path = kernel_dir() / f"smallm-{tag}.so"
+    path = user_cache() / "kernels" / f"smallm-{tag}.so"
     if why is None and not path.exists():
         why = build(path)
     if why is not None:
