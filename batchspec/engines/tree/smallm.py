@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from batchspec.io.temps import temp_name
 from batchspec.models import user_cache
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def unsupported() -> str | None:
 @cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel: from the cache, else built there first (one build per source and
-    flags; concurrent workers each write a file of their own and rename it into place); None
+    flags; concurrent workers each write files of their own and rename the build into place); None
     where it cannot run or be built, said once in the log."""
     why = unsupported()
     tag = hashlib.sha1((SOURCE + " ".join(FLAGS)).encode()).hexdigest()[:12]
@@ -112,7 +113,10 @@ def build(path: Path) -> str | None:
     if shutil.which(cc) is None:
         return f"no C compiler ({cc}; set $CC)"
     path.parent.mkdir(parents=True, exist_ok=True)
-    src, tmp = (path.with_name(f"{path.stem}.{os.getpid()}{ext}") for ext in (".c", ".so"))
+    # Names of this host, process and a random token: workers of several hosts may build
+    # into one shared cache at once, and their pids can be equal.
+    tmp = temp_name(path)
+    src = tmp.with_name(tmp.name + ".c")
     src.write_text(SOURCE)
     try:
         done = subprocess.run(
