@@ -68,7 +68,7 @@ def test_linear_takes_the_kernel_for_a_few_rows_only(kernel, monkeypatch) -> Non
         got = linear(x)
         assert got.shape == (1, rows, 64)
         assert torch.allclose(got, F.linear(x, w), atol=1e-4), rows
-    assert calls == [(1, 2, 32), (1, 9, 32), (1, SMALL_ROWS, 32)]
+    assert calls == [(1, 1, 32), (1, 2, 32), (1, 9, 32), (1, SMALL_ROWS, 32)]
     # A matrix of part panels (out not a multiple of 8) stays oneDNN's.
     assert Linear(torch.randn(60, 32), pack=True, kernel=kernel).small is None
 
@@ -117,3 +117,41 @@ def test_the_output_is_made_on_the_inputs_device_whatever_the_default(kernel) ->
     assert got.device.type == "cpu" and torch.allclose(got, x @ w.t(), atol=1e-5)
     with pytest.raises(TypeError, match="float32 on the CPU"):
         smallm.Panels(w, kernel)(x.double())
+
+
+@needs_kernel
+def test_model_forwards_of_a_few_rows_run_in_c_as_the_eager_layers_do(kernel) -> None:
+    """``fewrows``: a batch of two rows' trees at different cache lengths, and a draft tree's
+    next depth behind scratch nodes (``offsets``), by the two C calls per layer and by the
+    eager layers (the float64 comparisons are ``test_tree_model``'s)."""
+    from batchspec.engines.tree import weights
+    from batchspec.engines.tree.model import TreeModel
+
+    config = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 96,
+        "vocab_size": 120,
+        "max_position_embeddings": 64,
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(weights, "small_kernel", lambda: kernel)
+        model = TreeModel.random(config, torch.float32, "cpu", max_batch=2, max_len=64)
+    assert model.few_rows is not None and not model.use_one_row_kernel()
+    model.prefill(0, [5, 9, 2, 7, 1])
+    model.prefill(1, [3, 8])
+    tokens = torch.tensor([[4, 6, 11], [12, 13, 14]])
+    positions = torch.tensor([[5, 6, 6], [2, 3, 4]])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool).expand(2, 3, 3)
+    draft = torch.ones(2, 2, 5, dtype=torch.bool)  # two more nodes behind the three
+    few = model.few_rows
+    got = [model.verify([0, 1], tokens, positions, mask)]
+    got.append(model.verify([0, 1], tokens[:, :2], positions[:, :2] + 1, draft, offsets=[3, 3]))
+    model.few_rows = None
+    want = [model.verify([0, 1], tokens, positions, mask)]
+    want.append(model.verify([0, 1], tokens[:, :2], positions[:, :2] + 1, draft, offsets=[3, 3]))
+    model.few_rows = few
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and (g - w).abs().max().item() < 1e-5

@@ -179,12 +179,15 @@ def per_depth(head_dir: Path, spec) -> None:
     tapped.release(0)
     plain = load_target(spec)
     compiled = plain.use_one_row_kernel()
+    how = (
+        "in C" if plain.few_rows is not None else "compiled" if compiled else "eager (no compiler)"
+    )
     plain.prefill(0, list(range(100, 164)))
     c_ms = best(lambda: plain.verify([0], one, one * 64, mask))
     vocab = head.cfg.draft_vocab
     print(f"\nhead forward per depth {h_ms + lp_ms:.2f} ms (layer {h_ms:.2f}, projection onto "
           f"{vocab} tokens {lp_ms:.2f}); target one-row forward {t_ms:.2f} ms eager, "
-          f"{c_ms:.2f} ms {'compiled' if compiled else 'eager (no compiler)'}")  # fmt: skip
+          f"{c_ms:.2f} ms {how}")  # fmt: skip
 
 
 def main() -> None:

@@ -83,7 +83,8 @@ def main() -> None:
     header()
     model = TreeModel.load(embedded_dir(MODEL), torch.float32, "cpu", 1, args.context + 64)
     compiled = model.use_one_row_kernel()
-    print(f"threads {torch.get_num_threads()}, plain steps compiled: {compiled}", flush=True)
+    how = "in C" if model.few_rows is not None else "compiled" if compiled else "eager"
+    print(f"threads {torch.get_num_threads()}, plain steps {how}", flush=True)
     model.prefill(0, [(7 * i) % 30000 + 10 for i in range(args.context)])
     nodes = ints(args.nodes)
     costs = verify_costs(model, nodes, args.rounds, args.reps)

@@ -242,6 +242,7 @@ class TappedModel(TreeModel):
         model.__class__ = cls
         model.taps, model.tapped, model._seen, model._slots, model._kept = taps, None, {}, [], {}
         model._parts, model.one_row, model.graphs = None, None, None  # a graph keeps no taps
+        model.few_rows = None  # nor does a forward in C
         return model  # type: ignore[return-value]
 
     def use_one_row_kernel(self) -> bool:

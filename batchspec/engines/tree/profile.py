@@ -162,6 +162,7 @@ def profile_key(model: TreeModel, name: str, context: int = CONTEXT) -> str:
     ]
     parts += ["cuda graphs"] if model.graphs is not None else []  # eager steps cost more
     parts += ["small-row kernel"] if model.weights.head.small is not None else []  # cheaper
+    parts += ["few-row forward in C"] if model.few_rows is not None else []  # cheaper still
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
 
 

@@ -12,6 +12,10 @@ AVX2 and FMA, compiled at first use with the machine's C compiler into the user'
 threaded over panels by the OpenMP runtime torch already loaded (one pool, torch's thread
 count). Where it cannot be built (no compiler, no AVX2, not x86) ``load`` says why once and the
 products stay oneDNN's.
+
+The same library holds a decoder layer's work between its attention calls for those rows
+(``layer_pre``, ``layer_post``: the norms, RoPE, residuals and SiLU around the products), which
+``fewrows`` calls: the ops around the products cost more than the products' excess did.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ rows take further passes (``Linear`` hands 16 and more to oneDNN)."""
 
 SOURCE = r"""
 #include <immintrin.h>
+#include <math.h>
 #include <stddef.h>
 
 /* y[i][n] = sum_k x[i][k] * W[n][k] for the 8 columns of panel nb, M rows at once. */
@@ -72,8 +77,60 @@ void smallm(const float *x0, const float *p, float *y0, int M, int K, int N, int
     }
   }
 }
+
+/* Llama's RMSNorm of M rows of D (the sum of squares in double: no worse than torch's). */
+static void rmsnorm(const float *x, const float *w, float *h, int M, int D, float eps) {
+  for (int i = 0; i < M; i++) {
+    const float *xi = x + (size_t)i * D;
+    float *hi = h + (size_t)i * D;
+    double s = 0.0;
+    for (int k = 0; k < D; k++) s += (double)xi[k] * xi[k];
+    const float r = 1.0f / sqrtf((float)(s / D) + eps);
+    for (int k = 0; k < D; k++) hi[k] = w[k] * (xi[k] * r);
+  }
+}
+
+/* The layer before attention, M rows: h = RMSNorm(x); qkv = h W_qkv^T [M, all * hd]; RoPE on
+   the first `rot` heads (queries and keys) by each row's cos and sin [M, hd] (sin signed, so
+   rotating is x * cos + roll(x, hd / 2) * sin). h is scratch [M, D]. */
+void layer_pre(const float *x, const float *norm, float eps, const float *p_qkv,
+               const float *cos, const float *sin, float *h, float *qkv, int M, int D, int rot,
+               int all, int hd, int threads) {
+  rmsnorm(x, norm, h, M, D, eps);
+  smallm(h, p_qkv, qkv, M, D, all * hd, threads);
+  float t[hd];
+  const int half = hd / 2;
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < rot; j++) {
+      float *q = qkv + ((size_t)i * all + j) * hd;
+      const float *c = cos + (size_t)i * hd, *s = sin + (size_t)i * hd;
+      for (int k = 0; k < hd; k++) t[k] = q[k];
+      for (int k = 0; k < hd; k++) q[k] = t[k] * c[k] + t[(k + half) % hd] * s[k];
+    }
+}
+
+/* The layer after attention, M rows, in place on the residual x [M, D]: x += o W_out^T;
+   h = RMSNorm(x); gu = h W_gate_up^T [M, 2I]; a = SiLU(gate) * up; x += a W_down^T.
+   h [M, D], gu [M, 2I] and a [M, I] are scratch. */
+void layer_post(float *x, const float *o, const float *p_out, const float *norm, float eps,
+                const float *p_gu, const float *p_down, float *h, float *gu, float *a, int M,
+                int D, int A, int I, int threads) {
+  smallm(o, p_out, h, M, A, D, threads);
+  for (size_t k = 0; k < (size_t)M * D; k++) x[k] += h[k];
+  rmsnorm(x, norm, h, M, D, eps);
+  smallm(h, p_gu, gu, M, D, 2 * I, threads);
+  for (int i = 0; i < M; i++)
+    for (int k = 0; k < I; k++) {
+      const float g = gu[(size_t)i * 2 * I + k], u = gu[(size_t)i * 2 * I + I + k];
+      a[(size_t)i * I + k] = g / (1.0f + expf(-g)) * u;
+    }
+  smallm(a, p_down, h, M, I, D, threads);
+  for (size_t k = 0; k < (size_t)M * D; k++) x[k] += h[k];
+}
 """
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+LIBS = ["-lm"]
+"""Linked after the source (``expf``, ``sqrtf``)."""
 ENV = "BATCHSPEC_SMALLM"
 """``BATCHSPEC_SMALLM=0``: oneDNN for every row count (to compare; or where the kernel is
 suspected)."""
@@ -94,7 +151,7 @@ def load() -> ctypes.CDLL | None:
     flags; concurrent workers each write files of their own and rename the build into place); None
     where it cannot run or be built, said once in the log."""
     why = unsupported()
-    tag = hashlib.sha1((SOURCE + " ".join(FLAGS)).encode()).hexdigest()[:12]
+    tag = hashlib.sha1((SOURCE + " ".join(FLAGS + LIBS)).encode()).hexdigest()[:12]
     path = user_cache() / "kernels" / f"smallm-{tag}.so"
     if why is None and not path.exists():
         why = build(path)
@@ -104,6 +161,11 @@ def load() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(path))
     lib.smallm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
     lib.smallm.restype = None
+    floats, ints = [ctypes.c_void_p], [ctypes.c_int]
+    pre = floats * 2 + [ctypes.c_float] + floats * 5 + ints * 6
+    lib.layer_pre.argtypes, lib.layer_pre.restype = pre, None
+    post = floats * 4 + [ctypes.c_float] + floats * 5 + ints * 5
+    lib.layer_post.argtypes, lib.layer_post.restype = post, None
     return lib
 
 
@@ -120,7 +182,7 @@ def build(path: Path) -> str | None:
     src.write_text(SOURCE)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, str(src), "-o", str(tmp)], capture_output=True, text=True
+            [cc, *FLAGS, str(src), "-o", str(tmp), *LIBS], capture_output=True, text=True
         )
         if done.returncode != 0:
             return f"{cc} failed: {done.stderr.strip()[-300:]}"

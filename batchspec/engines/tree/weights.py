@@ -28,10 +28,10 @@ STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 """RoPE variants whose angles depend on the position only (not on the sequence length)."""
 SMALL_ROWS = 16
 """Up to this many rows a product runs by the small-row kernel (``smallm``, in passes of 8),
-where it is built: all the model's matrices, one thread, against oneDNN's packed products,
-2026-12-05, the one-row product's time = 1: 2 rows 0.85 against 1.35, 4 rows 0.94 / 1.28,
-8 rows 1.06 / 1.53, 16 rows 1.93 / 2.12, 24 rows 2.75 / 2.71 (two threads: 24 rows 1.41 /
-1.57, so the bound is set by one thread's figures)."""
+where it is built: all the model's matrices, one thread, 2026-12-05, MKL's one-row product's
+time = 1: 1 row 0.83, 2 rows 0.85 (oneDNN's packed product 1.35), 4 rows 0.94 (1.28), 8 rows
+1.06 (1.53), 16 rows 1.93 (2.12), 24 rows 2.75 (2.71; two threads: 1.41 against 1.57, so the
+bound is set by one thread's figures)."""
 MIN_PACKED_ROWS = 4
 """oneDNN's product of 2 rows took 1.35x the time of 4 rows here (all the model's matrices, CPU
 time 47 vs 35 ms): fewer rows are padded with zeros up to this."""
@@ -40,14 +40,15 @@ time 47 vs 35 ms): fewer rows are padded with zeros up to this."""
 class Linear:
     """``x @ W.T`` for one weight matrix W [out, in], by the fastest kernel for the row count.
 
-    One row (plain decoding at batch 1) is MKL's matrix-vector product, whose speed depends on
-    the layout: W stored [in, out] reads 1.5-2x faster when out >= in (q/k/v 4.2 vs 5.8 ms,
-    gate/up 10.7 vs 18.9, head 5.1 vs 9.9), HF's [out, in] when in > out (down 6.9 vs 8.8).
+    One row (plain decoding at batch 1), where the kernel below is not built, is MKL's
+    matrix-vector product, whose speed depends on the layout: W stored [in, out] reads 1.5-2x
+    faster when out >= in (q/k/v 4.2 vs 5.8 ms, gate/up 10.7 vs 18.9, head 5.1 vs 9.9), HF's
+    [out, in] when in > out (down 6.9 vs 8.8).
     Several rows (tree verify, batches, prefill): MKL's GEMM is far from the memory bound at
     2-16 rows (4 rows 51 ms, 16 rows 76 ms), oneDNN on weights packed once for it is not (17
     and 34 ms), and the project's own kernel for a few rows less so (``smallm``). So on the CPU
     a matrix is kept three times, plain, packed for oneDNN (prefill, large batches) and in
-    panels for the kernel (2 to ``SMALL_ROWS`` rows); elsewhere (CUDA) plain only.
+    panels for the kernel (1 to ``SMALL_ROWS`` rows); elsewhere (CUDA) plain only.
     """
 
     def __init__(self, weight: torch.Tensor, pack: bool, kernel: CDLL | None = None) -> None:
@@ -66,10 +67,10 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if self.packed is None or rows == 1:
-            return x @ self.t if self.w is None else F.linear(x, self.w)
         if self.small is not None and rows <= SMALL_ROWS:
             return self.small(x)
+        if self.packed is None or rows == 1:
+            return x @ self.t if self.w is None else F.linear(x, self.w)
         if rows >= MIN_PACKED_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         flat = x.reshape(rows, -1)

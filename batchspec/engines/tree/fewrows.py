@@ -1,0 +1,97 @@
+"""Forwards of a few rows on the CPU (a tree's nodes at batch 1, a small batch) with each
+layer's work between the attention calls in two C calls.
+
+The small-row kernel (``smallm``) made a verify's products cost what one row's do; what was
+left was the ~20 eager ops a layer runs around them (RMSNorm, RoPE, the residuals, SiLU x up,
+reshapes): ~600 a step, each a dispatch and a small allocation, ~15 ms of a ~50 ms step at one
+thread, which the plain step (``onerow``) has compiled into its regions. Compiling them for N
+rows did not pay (dynamo's guards and the products as custom ops cost more than the fusion
+saved), nor did each op as a C call of its own (its wrapper cost what the op did;
+docs/trees.md). So a layer is two calls into the kernel's library, as ``onerow`` has two
+regions: ``layer_pre`` (RMSNorm, the q/k/v product, RoPE) and ``layer_post`` (the output
+product and residual, RMSNorm, the gate/up product, SiLU x up, the down product and residual),
+each over all the forward's rows at once, with the residual stream updated in place. Attention
+(the cache write, the CPU flash kernel) stays as every other forward runs it
+(``attention.TreeAttention``), so a node attends by the same kernel as a plain token.
+"""
+
+from __future__ import annotations
+
+from ctypes import CDLL
+from typing import TYPE_CHECKING
+
+import torch
+
+from batchspec.engines.tree.weights import Weights
+
+if TYPE_CHECKING:
+    from batchspec.engines.tree.model import TreeModel
+
+
+class FewRows:
+    """The C forward of up to ``SMALL_ROWS`` rows for one model's weights."""
+
+    def __init__(self, weights: Weights, lib: CDLL) -> None:
+        self.weights, self.lib = weights, lib
+
+    @classmethod
+    def of(cls, weights: Weights) -> FewRows | None:
+        """The C forward where every matrix is in the kernel's panels (float32 on a CPU
+        where the kernel is built), else None."""
+        panels = [m.small for m in weights.linears()]
+        if not panels or any(p is None for p in panels):
+            return None
+        return cls(weights, panels[0].lib)
+
+    def forward(
+        self,
+        model: TreeModel,
+        slots: list[int],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor,
+        offsets: list[int] | None,
+        last_only: bool,
+    ) -> torch.Tensor:
+        """``model``'s forward of B rows x N positions (``TreeModel._forward``'s contract)."""
+        b, n = tokens.shape
+        rows, cfg, w = b * n, model.cfg, self.weights
+        heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        dim, inter = cfg.hidden_size, cfg.intermediate_size
+        step = model.cache.step(slots, n, offsets)
+        mask = model.cache.mask(step, tree_mask, model.group)
+        cos, sin = model.rope[:, positions].reshape(2, rows, hd).contiguous()
+        x = w.embedding(tokens).reshape(rows, dim).clone()  # updated in place: its own copy
+        h, qkv = x.new_empty(rows, dim), x.new_empty(rows, (heads + 2 * kv) * hd)
+        gate_up, act = x.new_empty(rows, 2 * inter), x.new_empty(rows, inter)
+        threads, eps, lib = torch.get_num_threads(), model.eps, self.lib
+        for i, layer in enumerate(w.layers):
+            lib.layer_pre(
+                *_ptrs(x, layer.attn_norm),
+                eps,
+                *_ptrs(layer.qkv.small.packed, cos, sin, h, qkv),
+                rows, dim, heads + kv, heads + 2 * kv, hd, threads,
+            )  # fmt: skip
+            split = qkv.view(b, n, heads + 2 * kv, hd)
+            o = model.attend(i, split[:, :, : heads + kv], split[:, :, heads + kv :], step, mask)
+            o = o.contiguous()
+            lib.layer_post(
+                *_ptrs(x, o, layer.out.small.packed, layer.mlp_norm),
+                eps,
+                *_ptrs(layer.gate_up.small.packed, layer.down.small.packed, h, gate_up, act),
+                rows, dim, heads * hd, inter, threads,
+            )  # fmt: skip
+        if last_only:
+            x = x[-1:]
+        x = model.ops.rms_norm(x, w.norm, eps)
+        return w.head(x).float().view(b, -1 if last_only else n, cfg.vocab_size)
+
+
+def _ptrs(*tensors: torch.Tensor) -> list[int]:
+    """Data addresses for the C calls; every tensor float32 and contiguous, as C reads it."""
+    for t in tensors:
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            raise TypeError(
+                f"few-row forward: {t.dtype} {tuple(t.shape)} is not contiguous float32"
+            )
+    return [t.data_ptr() for t in tensors]
