@@ -29,24 +29,24 @@ LONG_SET = ROOT / "jobs" / "data" / "prompts_long.parquet"
 
 
 def verify_costs(model: TreeModel, nodes: list[int], rounds: int, reps: int) -> dict:
-    """Plain-step and verify ms (median of ``reps``) per node count, ABBA; where the small-row
-    kernel is built (``engines/tree/smallm.py``), the verify with oneDNN's products too."""
-    linears = list(model.weights.linears())
-    kernels = [m.small for m in linears]
-    configs = ["plain", "verify"] + (["verify oneDNN"] if any(kernels) else [])
+    """Plain-step and verify ms (median of ``reps``) per node count, ABBA; where the C forward
+    is built (``engines/tree/fewrows.py``), the verify by the eager layers too (the small-row
+    kernel's products, the ops between them as PyTorch ops)."""
+    few = model.few_rows
+    configs = ["plain", "verify"] + (["verify eager"] if few is not None else [])
     out = {}
     for n in nodes:
 
         def run(config: str, _round: int, n: int = n) -> float:
-            for m, kernel in zip(linears, kernels, strict=True):
-                m.small = None if config == "verify oneDNN" else kernel
+            model.few_rows = None if config == "verify eager" else few
             return step_ms(model, 1, 1 if config == "plain" else n, reps, statistics.median)
 
         out[n] = got = abba(configs, rounds, run, lambda _c, ms: f"{ms:.1f} ms")
         line = f"N={n:>2}: verify/plain {ratio(got['verify'], got['plain'])}"
-        if "verify oneDNN" in got:
-            line += f", with oneDNN's products {ratio(got['verify oneDNN'], got['plain'])}"
+        if "verify eager" in got:
+            line += f", by the eager layers {ratio(got['verify eager'], got['plain'])}"
         print(line, flush=True)
+    model.few_rows = few
     return out
 
 
