@@ -135,6 +135,7 @@ def test_model_forwards_of_a_few_rows_run_in_c_as_the_eager_layers_do(kernel) ->
         "intermediate_size": 96,
         "vocab_size": 120,
         "max_position_embeddings": 64,
+        "tie_word_embeddings": True,  # the embedding read from the head's W.T, as SmolLM's
     }
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(weights, "small_kernel", lambda: kernel)
@@ -152,6 +153,11 @@ def test_model_forwards_of_a_few_rows_run_in_c_as_the_eager_layers_do(kernel) ->
     model.few_rows = None
     want = [model.verify([0, 1], tokens, positions, mask)]
     want.append(model.verify([0, 1], tokens[:, :2], positions[:, :2] + 1, draft, offsets=[3, 3]))
+    model.few_rows = few
+    # One row, a transposed embedding's two (a view the forward must copy into rows).
+    got.append(model.verify([0], tokens[:1, :2], positions[:1, :2], mask[:1, :2, :2]))
+    model.few_rows = None
+    want.append(model.verify([0], tokens[:1, :2], positions[:1, :2], mask[:1, :2, :2]))
     model.few_rows = few
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and (g - w).abs().max().item() < 1e-5

@@ -61,7 +61,8 @@ class FewRows:
         step = model.cache.step(slots, n, offsets)
         mask = model.cache.mask(step, tree_mask, model.group)
         cos, sin = model.rope[:, positions].reshape(2, rows, hd).contiguous()
-        x = w.embedding(tokens).reshape(rows, dim).clone()  # updated in place: its own copy
+        x = torch.empty(rows, dim, dtype=torch.float32, device=model.device)  # its own memory:
+        x.copy_(w.embedding(tokens).reshape(rows, dim))  # updated in place, read as rows
         h, qkv = x.new_empty(rows, dim), x.new_empty(rows, (heads + 2 * kv) * hd)
         gate_up, act = x.new_empty(rows, 2 * inter), x.new_empty(rows, inter)
         threads, eps, lib = torch.get_num_threads(), model.eps, self.lib
