@@ -39,14 +39,19 @@ def bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 9, 13, 16, 17])
-def test_every_row_count_is_the_product_within_float32s_bound(kernel, rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17])
+@pytest.mark.parametrize("shape", [(24, 40), (64, 150)])
+def test_every_row_count_is_the_product_within_float32s_bound(
+    kernel, rows: int, shape: tuple[int, int]
+) -> None:
+    """Three panels, an input length no vector width divides; then a group of three panels
+    and two left over, and inputs in blocks of 64 and a part block (rows 5-8 continue sums)."""
     torch.manual_seed(rows)
-    w = torch.randn(24, 40)  # three panels; an input length no vector width divides
-    x = torch.randn(rows, 40)
+    w = torch.randn(*shape)
+    x = torch.randn(rows, shape[1])
     got = smallm.Panels(w, kernel)(x)
     exact = x.double() @ w.double().t()
-    assert got.shape == (rows, 24) and got.dtype == torch.float32
+    assert got.shape == (rows, shape[0]) and got.dtype == torch.float32
     assert ((got.double() - exact).abs() <= bound(x, w)).all()
     # Each output is its own row's and column's: a row or a panel mixed up fails here.
     assert torch.equal(got.argmax(1), exact.argmax(1)) and torch.equal(

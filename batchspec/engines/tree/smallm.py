@@ -6,8 +6,9 @@ not get there: MKL's GEMM at 4 rows costs 1.5x its one-row product, oneDNN on we
 for it 1.26x inductor's one-row reductions at 4 rows and 1.7x at 8 (docs/trees.md, "What a
 verify costs at batch 1"). This is the GEMM micro-kernel those products lack, for small M:
 the weight matrix packed once into panels of 8 output columns ([out / 8, in, 8], streamed
-front to back), and per panel, for up to 8 rows at once, each 8 weights loaded once and
-multiplied into one register per row (the row's input broadcast from L1). Written in C with
+front to back), three panels at a time for up to 4 rows (12 accumulator registers: enough
+independent multiply-adds to hide their latency; each row's input broadcast from L1), the
+weights prefetched ahead, and rows 5-8 reading a block of them again from L1. Written in C with
 AVX2 and FMA, compiled at first use with the machine's C compiler into the user's cache, and
 threaded over panels by the OpenMP runtime torch already loaded (one pool, torch's thread
 count). Where it cannot be built (no compiler, no AVX2, not x86) ``load`` says why once and the
@@ -39,27 +40,19 @@ log = logging.getLogger(__name__)
 
 PANEL = 8
 """Output columns per panel: one AVX2 register of float32."""
-MAX_ROWS = 8
-"""Rows per pass over the weights (one accumulator register each, 10 of the 16 in use); more
-rows take further passes (``Linear`` hands 16 and more to oneDNN)."""
-
 SOURCE = r"""
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
 
-/* y[i][n] = sum_k x[i][k] * W[n][k] for the 8 columns of panel nb, M rows at once. */
+/* y[i][nb..nb+8) = sum_k x[i][k] * W[n][k], M <= 8 rows, one panel: the tail of a matrix whose
+   panels do not come in threes. */
 static inline __attribute__((always_inline)) void panel(
     const int M, const float *x, const float *p, float *y, int K, int N, int nb) {
   __m256 acc[8];
   for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
   const float *w = p + (size_t)nb * K;
   for (int k = 0; k < K; k++) {
-    /* The weights stream once a step: fetched 1 KB ahead (a cache line every other k), they
-       arrive while the rows' multiply-adds run (all the model's matrices, one thread, 1 and 8
-       rows: 42 and 56 ms without, 36 and 41 with; a non-temporal hint, as nothing reads them
-       again this step). A prefetch past the end is harmless: it never faults. */
-    if ((k & 1) == 0) _mm_prefetch((const char *)(w + (size_t)k * 8 + 256), _MM_HINT_NTA);
     __m256 wv = _mm256_loadu_ps(w + (size_t)k * 8);
     for (int i = 0; i < M; i++)
       acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + (size_t)i * K + k), wv, acc[i]);
@@ -67,20 +60,83 @@ static inline __attribute__((always_inline)) void panel(
   for (int i = 0; i < M; i++) _mm256_storeu_ps(y + (size_t)i * N + nb, acc[i]);
 }
 
-#define ROWS(m) case m: {                                            \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)") \
-    for (int nb = 0; nb < N; nb += 8) panel(m, x, p, y, K, N, nb);    \
-    break; }
-
-/* x [M, K] and y [M, N] row-major, p the packed weights [N / 8, K, 8]; M rows in passes of 8. */
-void smallm(const float *x0, const float *p, float *y0, int M, int K, int N, int threads) {
-  for (int m0 = 0; m0 < M; m0 += 8) {
-    const float *x = x0 + (size_t)m0 * K;
-    float *y = y0 + (size_t)m0 * N;
-    switch (M - m0 < 8 ? M - m0 : 8) {
-      ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+/* Three panels (24 columns from nb) for M <= 4 rows over k in [k0, k1), continuing the sums
+   already in y when k0 > 0: 12 accumulators, so 12 multiply-add chains hide their latency
+   where one panel's M chains did not, and 7 loads feed 12 multiply-adds (9 fed 8). With
+   `fetch`, the weights are prefetched 1 KB ahead, a cache line every other k: they stream
+   once a step and arrive while the multiply-adds run (a non-temporal hint: nothing reads them
+   again this step; a prefetch past the end never faults). */
+static inline __attribute__((always_inline)) void panels3(
+    const int M, const float *x, const float *p, float *y, int K, int N, int nb, int k0,
+    int k1, int fetch) {
+  __m256 a0[4], a1[4], a2[4];
+  for (int i = 0; i < M; i++) {
+    float *yi = y + (size_t)i * N + nb;
+    a0[i] = k0 ? _mm256_loadu_ps(yi) : _mm256_setzero_ps();
+    a1[i] = k0 ? _mm256_loadu_ps(yi + 8) : _mm256_setzero_ps();
+    a2[i] = k0 ? _mm256_loadu_ps(yi + 16) : _mm256_setzero_ps();
+  }
+  const float *w0 = p + (size_t)nb * K, *w1 = w0 + (size_t)8 * K, *w2 = w1 + (size_t)8 * K;
+  for (int k = k0; k < k1; k++) {
+    if (fetch && (k & 1) == 0) {
+      _mm_prefetch((const char *)(w0 + (size_t)k * 8 + 256), _MM_HINT_NTA);
+      _mm_prefetch((const char *)(w1 + (size_t)k * 8 + 256), _MM_HINT_NTA);
+      _mm_prefetch((const char *)(w2 + (size_t)k * 8 + 256), _MM_HINT_NTA);
+    }
+    const __m256 v0 = _mm256_loadu_ps(w0 + (size_t)k * 8);
+    const __m256 v1 = _mm256_loadu_ps(w1 + (size_t)k * 8);
+    const __m256 v2 = _mm256_loadu_ps(w2 + (size_t)k * 8);
+    for (int i = 0; i < M; i++) {
+      const __m256 b = _mm256_broadcast_ss(x + (size_t)i * K + k);
+      a0[i] = _mm256_fmadd_ps(b, v0, a0[i]);
+      a1[i] = _mm256_fmadd_ps(b, v1, a1[i]);
+      a2[i] = _mm256_fmadd_ps(b, v2, a2[i]);
     }
   }
+  for (int i = 0; i < M; i++) {
+    float *yi = y + (size_t)i * N + nb;
+    _mm256_storeu_ps(yi, a0[i]);
+    _mm256_storeu_ps(yi + 8, a1[i]);
+    _mm256_storeu_ps(yi + 16, a2[i]);
+  }
+}
+
+#define UP_TO_4(m, x, y, fetch) switch (m) {                          \
+    case 1: panels3(1, x, p, y, K, N, nb, k0, k1, fetch); break;      \
+    case 2: panels3(2, x, p, y, K, N, nb, k0, k1, fetch); break;      \
+    case 3: panels3(3, x, p, y, K, N, nb, k0, k1, fetch); break;      \
+    case 4: panels3(4, x, p, y, K, N, nb, k0, k1, fetch); break; }
+#define BLOCK 64 /* k per block: 3 panels' weights of a block (6 KB) stay in L1 for rows 5-8 */
+
+/* M <= 8 rows: per group of three panels, rows 0-3 stream the weights from memory and rows
+   4-7 read them again from L1, a block of k at a time; the panels left over one at a time. */
+static void rows8(const float *x, const float *p, float *y, int M, int K, int N, int threads) {
+  const int groups = N / 24, head = M < 4 ? M : 4;
+  _Pragma("omp parallel for schedule(static) num_threads(threads)")
+  for (int g = 0; g < groups; g++) {
+    const int nb = g * 24;
+    for (int k0 = 0; k0 < K; k0 += BLOCK) {
+      const int k1 = k0 + BLOCK < K ? k0 + BLOCK : K;
+      UP_TO_4(head, x, y, 1)
+      if (M > 4) UP_TO_4(M - 4, x + (size_t)4 * K, y + (size_t)4 * N, 0)
+    }
+  }
+  for (int nb = groups * 24; nb < N; nb += 8) switch (M) {
+      case 1: panel(1, x, p, y, K, N, nb); break;
+      case 2: panel(2, x, p, y, K, N, nb); break;
+      case 3: panel(3, x, p, y, K, N, nb); break;
+      case 4: panel(4, x, p, y, K, N, nb); break;
+      case 5: panel(5, x, p, y, K, N, nb); break;
+      case 6: panel(6, x, p, y, K, N, nb); break;
+      case 7: panel(7, x, p, y, K, N, nb); break;
+      case 8: panel(8, x, p, y, K, N, nb); break;
+    }
+}
+
+/* x [M, K] and y [M, N] row-major, p the packed weights [N / 8, K, 8]; M rows in passes of 8. */
+void smallm(const float *x, const float *p, float *y, int M, int K, int N, int threads) {
+  for (int m0 = 0; m0 < M; m0 += 8)
+    rows8(x + (size_t)m0 * K, p, y + (size_t)m0 * N, M - m0 < 8 ? M - m0 : 8, K, N, threads);
 }
 
 /* Llama's RMSNorm of M rows of D (the sum of squares in double: no worse than torch's). */
@@ -110,7 +166,8 @@ void layer_pre(const float *x, const float *norm, float eps, const float *p_qkv,
       float *q = qkv + ((size_t)i * all + j) * hd;
       const float *c = cos + (size_t)i * hd, *s = sin + (size_t)i * hd;
       for (int k = 0; k < hd; k++) t[k] = q[k];
-      for (int k = 0; k < hd; k++) q[k] = t[k] * c[k] + t[(k + half) % hd] * s[k];
+      for (int k = 0; k < half; k++) q[k] = t[k] * c[k] + t[k + half] * s[k];
+      for (int k = half; k < hd; k++) q[k] = t[k] * c[k] + t[k - half] * s[k];
     }
 }
 
