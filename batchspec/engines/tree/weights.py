@@ -26,12 +26,13 @@ from batchspec.models import read_safetensors
 
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 """RoPE variants whose angles depend on the position only (not on the sequence length)."""
-SMALL_ROWS = 16
+SMALL_ROWS = 24
 """Up to this many rows a product runs by the small-row kernel (``smallm``, in passes of 8),
-where it is built: all the model's matrices, one thread, 2026-12-05, MKL's one-row product's
-time = 1: 1 row 0.83, 2 rows 0.85 (oneDNN's packed product 1.35), 4 rows 0.94 (1.28), 8 rows
-1.06 (1.53), 16 rows 1.93 (2.12), 24 rows 2.75 (2.71; two threads: 1.41 against 1.57, so the
-bound is set by one thread's figures)."""
+where it is built. All the model's matrices, ms, kernel against oneDNN's packed product
+(2026-12-05, two runs, one thread): 1 row 34-37 / 57-59, 8 rows 42-54 / 84-92, 16 rows 81-84 /
+114-123, 24 rows 121-127 / 136-144, 32 rows 156-168 / 162-166; two threads: 24 rows 73 / 78,
+32 rows 89 / 91, 40 rows 119 / 110. Up to 24 rows takes a batch of 4 rows' 5-node trees and
+of 8 rows' 3-node chains."""
 MIN_PACKED_ROWS = 4
 """oneDNN's product of 2 rows took 1.35x the time of 4 rows here (all the model's matrices, CPU
 time 47 vs 35 ms): fewer rows are padded with zeros up to this."""
