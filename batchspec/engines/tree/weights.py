@@ -48,23 +48,35 @@ class Linear:
     Several rows (tree verify, batches, prefill): MKL's GEMM is far from the memory bound at
     2-16 rows (4 rows 51 ms, 16 rows 76 ms), oneDNN on weights packed once for it is not (17
     and 34 ms), and the project's own kernel for a few rows less so (``smallm``). So on the CPU
-    a matrix is kept three times, plain, packed for oneDNN (prefill, large batches) and in
-    panels for the kernel (1 to ``SMALL_ROWS`` rows); elsewhere (CUDA) plain only.
+    a matrix is kept packed for oneDNN (prefill, large batches) and in panels for the kernel (1
+    to ``SMALL_ROWS`` rows), plain only where one of those is missing or for the output head
+    (the tied embedding, distillation); elsewhere (CUDA) plain only.
     """
 
-    def __init__(self, weight: torch.Tensor, pack: bool, kernel: CDLL | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, pack: bool, kernel: CDLL | None = None, plain: bool = True
+    ) -> None:
         out, inner = weight.shape
-        self.t = weight.t().contiguous() if out >= inner else None
-        """W.T [in, out] when that layout is the one kept, else None (``w`` is)."""
-        self.w = weight if self.t is None else None
+        self.bytes = weight.numel() * weight.element_size()
+        """Bytes of the matrix: what a one-row product reads."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if pack else None
         self.small = Panels(weight, kernel) if kernel and Panels.fits(weight) else None
         """The matrix in the small-row kernel's panels (None: oneDNN takes every row count)."""
+        # With both kernels' copies, nothing reads the plain one unless asked (``plain``: the
+        # tied embedding gathers from the head's): a third of the weights' memory.
+        keep = plain or self.small is None or self.packed is None
+        self.t = weight.t().contiguous() if keep and out >= inner else None
+        """W.T [in, out] when that layout is the one kept, else None (``w`` is, or neither)."""
+        self.w = weight if keep and self.t is None else None
 
     def keep_rows(self) -> None:
-        """Keep W [out, in] (what ``onerow``'s compiled regions read), not W.T."""
+        """Keep W [out, in] (what ``onerow``'s compiled regions read), not W.T; from the
+        panels where no plain copy was kept."""
         if self.t is not None:
             self.w, self.t = self.t.t().contiguous(), None
+        elif self.w is None and self.small is not None:
+            packed = self.small.packed  # [out / 8, in, 8]
+            self.w = packed.transpose(1, 2).reshape(self.small.out, self.small.inner).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -78,10 +90,6 @@ class Linear:
         flat = torch.cat([flat, flat.new_zeros(MIN_PACKED_ROWS - rows, flat.shape[1])])
         out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, None, "none", [], "")
         return out[:rows].reshape(*x.shape[:-1], -1)
-
-    def plain(self) -> torch.Tensor:
-        """The plain matrix as kept (the bytes a one-row product reads)."""
-        return self.w if self.t is None else self.t
 
 
 @dataclass
@@ -125,11 +133,12 @@ class Weights:
     def step_bytes(self) -> int:
         """Bytes one decode step reads: every matrix and norm and the output head once; an
         untied input embedding is only gathered from, so it does not count."""
-        tensors = [self.norm, self.head.plain()]
-        for layer in self.layers:
-            tensors += [layer.attn_norm, layer.qkv.plain(), layer.out.plain(), layer.mlp_norm]
-            tensors += [layer.gate_up.plain(), layer.down.plain()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        norms = [self.norm] + [
+            n for layer in self.layers for n in (layer.attn_norm, layer.mlp_norm)
+        ]
+        return sum(m.bytes for m in self.linears()) + sum(
+            t.numel() * t.element_size() for t in norms
+        )
 
 
 def llama_config(config: dict[str, Any] | LlamaConfig) -> LlamaConfig:
@@ -222,8 +231,8 @@ def convert(
 
     kernel = small_kernel() if pack and dtype == torch.float32 else None
 
-    def fused(*names: str) -> Linear:
-        return Linear(torch.cat([take(n) for n in names], 0), pack, kernel)
+    def fused(*names: str, plain: bool = False) -> Linear:
+        return Linear(torch.cat([take(n) for n in names], 0), pack, kernel, plain)
 
     layers = []
     for i in range(cfg.num_hidden_layers):
@@ -241,5 +250,6 @@ def convert(
     norm = take("model.norm.weight")
     tied = cfg.tie_word_embeddings or "lm_head.weight" not in hf
     if tied:
-        return Weights(layers, norm, fused("model.embed_tokens.weight"), None)
-    return Weights(layers, norm, fused("lm_head.weight"), take("model.embed_tokens.weight"))
+        return Weights(layers, norm, fused("model.embed_tokens.weight", plain=True), None)
+    head = fused("lm_head.weight", plain=True)  # distill reads it (measure/distill.py)
+    return Weights(layers, norm, head, take("model.embed_tokens.weight"))
