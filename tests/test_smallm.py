@@ -146,6 +146,11 @@ def test_model_forwards_of_a_few_rows_run_in_c_as_the_eager_layers_do(kernel) ->
         mp.setattr(weights, "small_kernel", lambda: kernel)
         model = TreeModel.random(config, torch.float32, "cpu", max_batch=2, max_len=64)
     assert model.few_rows is not None and not model.use_one_row_kernel()
+    # No plain copy of a layer's matrices beside the panels and oneDNN's packing; the head's
+    # stays (the tied embedding gathers from it).
+    layers = [m for m in model.weights.linears() if m is not model.weights.head]
+    assert all(m.w is None and m.t is None for m in layers)
+    assert model.weights.head.t is not None or model.weights.head.w is not None
     model.prefill(0, [5, 9, 2, 7, 1])
     model.prefill(1, [3, 8])
     tokens = torch.tensor([[4, 6, 11], [12, 13, 14]])
