@@ -130,6 +130,7 @@ def test_model_forwards_of_a_few_rows_run_in_c_as_the_eager_layers_do(kernel) ->
     next depth behind scratch nodes (``offsets``), by the two C calls per layer and by the
     eager layers (the float64 comparisons are ``test_tree_model``'s)."""
     from batchspec.engines.tree import weights
+    from batchspec.engines.tree.eagle_head import TappedModel
     from batchspec.engines.tree.model import TreeModel
 
     config = {
@@ -171,3 +172,10 @@ def test_model_forwards_of_a_few_rows_run_in_c_as_the_eager_layers_do(kernel) ->
     model.few_rows = few
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and (g - w).abs().max().item() < 1e-5
+    # EAGLE's taps (each layer's input, the last layer's output) as the eager layers show them.
+    tapped = TappedModel.of(model, [0, 1, 2])
+    tapped.verify([0, 1], tokens, positions, mask)
+    taps = tapped.tapped
+    tapped.few_rows = None
+    tapped.verify([0, 1], tokens, positions, mask)
+    assert taps.shape == (2, 3, 3 * 64) and (taps - tapped.tapped).abs().max().item() < 1e-5

@@ -222,8 +222,9 @@ class TappedModel(TreeModel):
     ``tapped`` [B, N, len(taps) x hidden] of the last forward, and per slot the rows its
     last ``prefill`` or ``commit`` kept (``take``).
 
-    Batch-1 decoding stays eager (``use_one_row_kernel`` is refused): the compiled regions do
-    not expose the layers' inputs, and with a head nearly every step verifies several nodes.
+    Single rows never take the compiled one-row regions (``use_one_row_kernel`` is refused):
+    they do not expose the layers' inputs. The C forward (``fewrows``) and the eager layers
+    show each one (``tap``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -242,7 +243,6 @@ class TappedModel(TreeModel):
         model.__class__ = cls
         model.taps, model.tapped, model._seen, model._slots, model._kept = taps, None, {}, [], {}
         model._parts, model.one_row, model.graphs = None, None, None  # a graph keeps no taps
-        model.few_rows = None  # nor does a forward in C
         return model  # type: ignore[return-value]
 
     def use_one_row_kernel(self) -> bool:
@@ -275,13 +275,9 @@ class TappedModel(TreeModel):
             self._parts.append(self.tapped)
         return out
 
-    def _layer(self, index: int, layer: Any, x: torch.Tensor, *args: Any) -> torch.Tensor:
+    def tap(self, index: int, x: torch.Tensor) -> None:
         if index in self.taps:
-            self._seen[index] = x
-        out = super()._layer(index, layer, x, *args)
-        if index + 1 == len(self.weights.layers) and index + 1 in self.taps:
-            self._seen[index + 1] = out
-        return out
+            self._seen[index] = x.clone()  # the C forward goes on updating x in place
 
 
 def head_rope(cfg: HeadConfig, max_len: int, dtype: torch.dtype, device: str) -> torch.Tensor:

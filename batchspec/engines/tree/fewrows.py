@@ -67,6 +67,7 @@ class FewRows:
         gate_up, act = x.new_empty(rows, 2 * inter), x.new_empty(rows, inter)
         threads, eps, lib = torch.get_num_threads(), model.eps, self.lib
         for i, layer in enumerate(w.layers):
+            model.tap(i, x.view(b, n, dim))
             lib.layer_pre(
                 *_ptrs(x, layer.attn_norm),
                 eps,
@@ -82,6 +83,7 @@ class FewRows:
                 *_ptrs(layer.gate_up.small.packed, layer.down.small.packed, h, gate_up, act),
                 rows, dim, heads * hd, inter, threads,
             )  # fmt: skip
+        model.tap(len(w.layers), x.view(b, n, dim))
         if last_only:
             x = x[-1:]
         x = model.ops.rms_norm(x, w.norm, eps)

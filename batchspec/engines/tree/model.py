@@ -296,11 +296,18 @@ class TreeModel:
         cos, sin = self.rope[:, positions].unsqueeze(3)
         x = self.weights.embedding(tokens)
         for i, layer in enumerate(self.weights.layers):
+            self.tap(i, x)
             x = self._layer(i, layer, x, step, mask, cos, sin)
+        self.tap(len(self.weights.layers), x)
         if last_only:
             x = x[:, -1:]
         x = self.ops.rms_norm(x, self.weights.norm, self.eps)
         return self.weights.head(x).float()
+
+    def tap(self, index: int, x: torch.Tensor) -> None:
+        """The residual stream [B, N, hidden] entering layer ``index`` (the layer count: the
+        last layer's output, before the final norm), for a subclass that keeps some
+        (``eagle_head.TappedModel``); the C forward updates ``x`` in place after this returns."""
 
     def _layer(
         self,
