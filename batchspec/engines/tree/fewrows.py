@@ -33,6 +33,13 @@ class FewRows:
 
     def __init__(self, weights: Weights, lib: CDLL) -> None:
         self.weights, self.lib = weights, lib
+        # Each layer's weight addresses, checked once: weights do not move, and the hot loop
+        # would otherwise check and look up six tensors a layer a forward.
+        self.pre = [_ptrs(m.attn_norm, m.qkv.small.packed) for m in weights.layers]
+        self.post = [
+            _ptrs(m.out.small.packed, m.mlp_norm, m.gate_up.small.packed, m.down.small.packed)
+            for m in weights.layers
+        ]
 
     @classmethod
     def of(cls, weights: Weights) -> FewRows | None:
@@ -66,21 +73,20 @@ class FewRows:
         h, qkv = x.new_empty(rows, dim), x.new_empty(rows, (heads + 2 * kv) * hd)
         gate_up, act = x.new_empty(rows, 2 * inter), x.new_empty(rows, inter)
         threads, eps, lib = torch.get_num_threads(), model.eps, self.lib
-        for i, layer in enumerate(w.layers):
+        px, pcos, psin, ph, pqkv, pgu, pact = _ptrs(x, cos, sin, h, qkv, gate_up, act)
+        split = qkv.view(b, n, heads + 2 * kv, hd)
+        for i in range(len(w.layers)):
             model.tap(i, x.view(b, n, dim))
+            (norm, p_qkv), (p_out, mlp_norm, p_gu, p_down) = self.pre[i], self.post[i]
             lib.layer_pre(
-                *_ptrs(x, layer.attn_norm),
-                eps,
-                *_ptrs(layer.qkv.small.packed, cos, sin, h, qkv),
+                px, norm, eps, p_qkv, pcos, psin, ph, pqkv,
                 rows, dim, heads + kv, heads + 2 * kv, hd, threads,
             )  # fmt: skip
-            split = qkv.view(b, n, heads + 2 * kv, hd)
             o = model.attend(i, split[:, :, : heads + kv], split[:, :, heads + kv :], step, mask)
-            o = o.contiguous()
+            o = o.contiguous()  # held until the call returns: C reads its address
+            (po,) = _ptrs(o)
             lib.layer_post(
-                *_ptrs(x, o, layer.out.small.packed, layer.mlp_norm),
-                eps,
-                *_ptrs(layer.gate_up.small.packed, layer.down.small.packed, h, gate_up, act),
+                px, po, p_out, mlp_norm, eps, p_gu, p_down, ph, pgu, pact,
                 rows, dim, heads * hd, inter, threads,
             )  # fmt: skip
         model.tap(len(w.layers), x.view(b, n, dim))

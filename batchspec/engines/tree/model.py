@@ -148,8 +148,8 @@ class TreeModel:
         It costs a compile per region and shape at the start (seconds; inductor keeps them
         on disk for the next process), so the engine takes it at batch 1 only, where every
         step is one row; a batch of several rows has single rows only as it drains. Where
-        the C forward is built (``few_rows``) it serves single rows instead (0.94-0.96x the
-        compiled regions' step here, nothing to compile) and this is False.
+        the C forward is built (``few_rows``) it serves single rows instead (faster, nothing
+        to compile: docs/trees.md) and this is False.
         """
         if self.device != "cpu" or self.dtype != torch.float32 or self.few_rows is not None:
             return False
@@ -157,25 +157,11 @@ class TreeModel:
             lin.keep_rows()
         self.one_row = OneRow()
         try:
-            self._warm_one_row()
+            self.one_row.warm(self)
         except Exception:  # whatever stops inductor, the eager path serves
             self.one_row = None
             return False
         return True
-
-    def _warm_one_row(self) -> None:
-        """Compile the regions now, as decoding calls them: in inference mode, on weights
-        made outside it (dynamo's guards check the grad mode and each tensor's kind; a
-        mismatch would compile them again mid-run)."""
-        slot = self.cache.lens.index(0) if 0 in self.cache.lens else 0
-        self.prefill(slot, [0])
-        self.verify(
-            [slot],
-            torch.zeros(1, 1, dtype=torch.long),
-            torch.ones(1, 1, dtype=torch.long),
-            torch.ones(1, 1, 1, dtype=torch.bool),
-        )
-        self.release(slot)
 
     @property
     def cache_len(self) -> list[int]:

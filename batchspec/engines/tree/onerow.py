@@ -1,6 +1,6 @@
 """One-row decoding on the CPU (plain decoding at batch 1) as inductor-generated kernels, where
 the C forward (``fewrows``) is not built (no AVX2, not x86): that one serves single rows faster
-(0.94-0.96x this step) with nothing to compile.
+(0.75x this step's time here, docs/trees.md) with nothing to compile.
 
 At batch 1 a decode step is ~120 matrix-vector products and ~600 small ops around them. MKL's
 matrix-vector kernel read the weights at ~17 GB/s here, half of what the machine streams, and
@@ -109,3 +109,17 @@ class OneRow:
             rest = (layer.out.w, layer.mlp_norm, layer.gate_up.w, layer.down.w)
             x = self.post(x, o.view(-1), *rest, model.eps)
         return self.head(x, w.norm, w.head.w, model.eps).view(1, 1, -1)
+
+    def warm(self, model: TreeModel) -> None:
+        """Compile the regions now, as decoding calls them: in inference mode, on weights
+        made outside it (dynamo's guards check the grad mode and each tensor's kind; a
+        mismatch would compile them again mid-run)."""
+        slot = model.cache.lens.index(0) if 0 in model.cache.lens else 0
+        model.prefill(slot, [0])
+        model.verify(
+            [slot],
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.ones(1, 1, dtype=torch.long),
+            torch.ones(1, 1, 1, dtype=torch.bool),
+        )
+        model.release(slot)
