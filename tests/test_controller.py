@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from batchspec.speculation.controller import Controller
+from batchspec.speculation.controller import BLIND_LOSS, Controller, blind_k
 from batchspec.speculation.estimator import DomainModel, Observation, expected_tokens
 
 
@@ -324,13 +324,27 @@ def test_an_engine_that_takes_k_per_unit_gets_every_domain_at_its_best_k(tmp_pat
     assert committed.mixed
 
 
-def test_a_domain_nothing_was_learnt_of_starts_at_the_specs_k() -> None:
-    """A profile prices every K, but before any replay a domain without counts starts at the
-    spec's K (3), not at what a prior acceptance would pick; one replayed unit moves it."""
+def test_a_domain_nothing_was_learnt_of_starts_at_the_largest_k_that_cannot_lose_much() -> None:
+    """Before any replay a domain without counts starts blind: not at what a prior acceptance
+    would pick, but at the largest K up to the spec's (3) whose step costs at most
+    ``BLIND_LOSS`` (2 %) more than a plain one, what it loses should nothing be accepted. One
+    replayed unit moves it to its own best K."""
+    assert BLIND_LOSS == 0.02
     ctl = Controller(8, [0, 1, 3, 8], 3, step_cost=lambda k: 1.0 + 0.01 * k)
-    assert ctl.choose("new").k == 3
+    assert ctl.choose("new").k == 1  # K=3 costs 3 % more, K=8 is past the spec's K
     ctl.add(replayed_observation("other", 3, {0: 0, 1: 50, 3: 80, 8: 95}))
     assert ctl.choose("other").k == 8
+    # Costs as a GPU's at batch 1 (a few nodes' verify is a plain step): the spec's K.
+    assert Controller(1, [0, 1, 3, 8], 3, step_cost=lambda k: 1.0 + 0.005 * k).choose(None).k == 3
+    # Nothing prices a step: the spec's K; every K costs too much: K=0.
+    assert Controller(8, [0, 1, 3, 8], 3).choose(None).k == 3
+    assert Controller(8, [0, 1, 3], 3, step_cost=lambda k: 1.0 + 0.5 * k).choose(None).k == 0
+    # Costs rise with K: a cheap K past a dear one is a profile's quirk, not a bound.
+    quirk = {0: 1.0, 1: 1.05, 3: 1.01}
+    assert blind_k([0, 1, 3], 3, quirk.__getitem__) == 0
+    # Without K=0 in the grid, the smallest K where none is within the bound; unpriced: stop.
+    assert blind_k([2, 4], 4, lambda k: 1.0 + 0.5 * k) == 2
+    assert blind_k([0, 1, 3], 3, {0: 1.0, 1: 1.0, 3: float("nan")}.__getitem__) == 1
 
 
 def test_a_domain_not_seen_yet_starts_where_the_pooled_replay_says() -> None:

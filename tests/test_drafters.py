@@ -48,7 +48,12 @@ def choice(drafters: list[str], method: str, drafting: dict[str, float]) -> Draf
 
 def test_each_domain_gets_the_drafter_and_k_its_replays_and_costs_price_fastest() -> None:
     c = choice(["ngram", "suffix"], "ngram", {"ngram": 1e-5, "suffix": 3e-5})
-    assert c.choose("json")[:3] == ("ngram", 4, None)  # nothing measured: the method's start
+    # Nothing measured: the method, blind (``blind_k``): a step at K=2 costs 40 % more than
+    # a plain one, so plain; where a verify costs what a plain step does, the spec's K=4.
+    assert c.choose("json")[:3] == ("ngram", 0, None)
+    flat = DrafterChoice(["ngram", "suffix"], "ngram", BATCH, GRID, default_k=4)
+    flat.price(lambda k: 0.010, {"ngram": 1e-5}.get)
+    assert flat.choose("json")[:3] == ("ngram", 4, None)
     # The same rows replayed by both drafters (the unit ran n-gram trees at K=4).
     c.add(ob("json", 4, "ngram", replays=replays(1000, ngram=(200, 250), suffix=(400, 500))))
     c.add(ob("chat", 4, "ngram", replays=replays(1000, ngram=(10, 12), suffix=(15, 18))))

@@ -7,12 +7,45 @@ lookup (see ``estimator`` for the model, ``policy`` for the engines).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from batchspec.speculation.estimator import Choice, DomainModel, Observation
 from batchspec.speculation.predictions import Predictions
+
+BLIND_LOSS = 0.02
+"""What a unit run blind (its domain's acceptance unknown: nothing committed, nothing
+replayed) may lose to plain decoding should none of its drafts be accepted: its K is the
+largest whose step costs at most this much more than a plain step. The share is the "never
+below 0.98× plain" of "speculation that never loses"; the blind unit's rows are replayed at
+every K when they commit, so the domain's next units run at its own K."""
+
+
+def blind_k(grid: Iterable[int], default_k: int, cost: Callable[[int], float] | None) -> int:
+    """The K of a unit run blind: the largest of ``grid`` up to ``default_k`` (the spec's K)
+    up to which every step ``cost`` (seconds at K, the verify forward profiled or fitted) is
+    within ``BLIND_LOSS`` of K=0's. With acceptance unknown, the worst case is that no draft
+    is accepted, and then a step at K yields the one token a plain step does, at its own
+    price. On this CPU's tree engine (the small model, one thread) a verify of 2 nodes costs
+    0.98x a plain step at batch 1 and 1.84x at batch 8: a blind unit runs K=2 at batch 1 and
+    decodes plain at batch 8, where a spec's K=4 had cost such units a third of their speed
+    (docs/choosing-k.md). The spec's K where nothing prices a step, or the grid's smallest K
+    where none is within the bound (K=0 not in the grid)."""
+    ks = sorted(k for k in grid if k <= default_k)
+    if cost is None or not ks:
+        return default_k
+    plain = float(cost(0))
+    if not math.isfinite(plain) or plain <= 0:
+        return default_k
+    safe = ks[0]
+    for k in ks:  # up to the first K past the bound: a cheaper one beyond it is a quirk
+        at = float(cost(k))
+        if not math.isfinite(at) or at > plain * (1 + BLIND_LOSS):  # NaN: unpriced, no bound
+            break
+        safe = k
+    return int(safe)
 
 
 class Controller:
@@ -127,6 +160,11 @@ class Controller:
                 new[: old.shape[0], : old.shape[1]] = old
                 setattr(self, name, new)
         return i
+
+    def blind_k(self) -> int:
+        """The K of a domain nothing tells acceptance of (``blind_k``, this batch size's step
+        cost)."""
+        return blind_k(self.k_grid, self.default_k, self.step_cost)
 
     def seen(self, domain: str | None) -> bool:
         """Whether any rows of ``domain`` were observed (at any batch size, or replayed)."""

@@ -17,7 +17,8 @@ ran (a domain with long prompts steps slower whatever drafts for it; scaling eac
 its own measurements alone would favour the one never run). A drafter is a candidate in a
 domain only where something measured prices it: a replay (the domain's rows, or for a domain
 not seen yet every domain's) or, for a model drafter, its own rows' acceptance in the domain;
-otherwise the domain starts at the spec's method and K, as the single controller does.
+otherwise the domain starts at the spec's method, at the K of a blind unit, as the single
+controller does (``controller.blind_k``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from batchspec.spec import SpeculativeSpec
-from batchspec.speculation.controller import Controller
+from batchspec.speculation.controller import Controller, blind_k
 from batchspec.speculation.estimator import Observation
 
 Domain = str | None
@@ -77,6 +78,8 @@ class DrafterChoice:
         self.method, self.batch = method, batch
         self.ctls = {d: Controller(batch, k_grid, default_k, fixed=fixed) for d in drafters}
         self.grid = np.array(self.ctls[method].k_grid)
+        self._verify: Callable[[int], float] | None = None
+        """The profiled verify forward at K (``price``): what a blind start is bounded by."""
 
     @classmethod
     def for_spec(cls, s: SpeculativeSpec, batch: int) -> DrafterChoice | None:
@@ -108,6 +111,7 @@ class DrafterChoice:
         row; None: never measured, so no K > 0 of that drafter is priced). ``filled(K,
         fill)``: the verify forward at a domain's own drafts (``Controller.fill_cost``), so
         each drafter's K is priced at the nodes its own trees hold in the domain."""
+        self._verify = step
         for drafter, ctl in self.ctls.items():
             ctl.step_cost = _priced(lambda k, f: step(k), per_row, drafter, self.batch)
             if filled is not None:
@@ -118,7 +122,8 @@ class DrafterChoice:
     def choose(self, domain: Domain) -> Pick:
         """The domain's drafter and K: the fastest priced candidate (ties: the smaller K,
         then the drafter listed first), its fixed K with the method, or the method at the
-        spec's K where nothing prices any drafter yet."""
+        spec's method where nothing prices any drafter yet, at the K a blind unit runs
+        (``controller.blind_k``: priced at the verify forward, drafting not measured yet)."""
         main = self.ctls[self.method]
         fixed = main.fixed_k(domain)
         if fixed is not None:
@@ -130,8 +135,9 @@ class DrafterChoice:
             for d, rates in options.items()
             for k, rate in rates.items()
         ]
-        if not any(k for *_, k in cells):  # no drafter priced: start where the spec says
-            return Pick(self.method, main.default_k, None, options)
+        if not any(k for *_, k in cells):  # no drafter priced: the spec's method, blind
+            blind = blind_k(self.grid, main.default_k, self._verify)
+            return Pick(self.method, blind, None, options)
         rate, _, _, drafter, k = max(cells)
         return Pick(self.method if k == 0 else drafter, k, rate, options)
 

@@ -60,15 +60,17 @@ class Predictions:
         # Ties go to the smaller K (the grid is sorted; argmax takes the first maximum).
         best = grid[np.argmax(np.where(known, self.rates, -np.inf), axis=1)]
         # A domain that nothing tells acceptance of (no drafts counted or replayed, no K=0
-        # run) starts at the spec's K, rather than at a prior's choice; except, where other
-        # domains' rows were replayed, a domain not seen yet (the blank row): it starts at the
-        # K best for their pooled replay (``replayed_per_step``). Its first unit then loses
-        # nothing to measuring: replay of its rows at whatever K tells every K.
+        # run) starts blind: at the largest K up to the spec's that would lose at most
+        # ``BLIND_LOSS`` were nothing accepted (``blind_k``), rather than at a prior's choice;
+        # except, where other domains' rows were replayed, a domain not seen yet (the blank
+        # row): it starts at the K best for their pooled replay (``replayed_per_step``). Its
+        # first unit then loses nothing to measuring: replay of its rows at whatever K (K=0
+        # included) tells every K.
         replayed = (ctl._replay_tokens[:, grid] > 0).any(axis=1)[: n + 1].copy()
         replayed.resize(n + 1)
         replayed[n] = replayed[:n].any()
         default = ~known.any(axis=1) | ((accepted + rejections == 0) & ~replayed & ~zero)
-        self.k = np.where(default, ctl.default_k, best)
+        self.k = np.where(default, ctl.blind_k(), best)
         self.default = default
         self._measurement_wins(ctl, grid, default)
 
