@@ -118,7 +118,7 @@ def test_each_drafter_is_priced_at_the_nodes_its_own_trees_hold(tmp_path: Path) 
     assert p.drafters.choose("d").rate == pytest.approx(1.6 / 0.012)
 
 
-def test_at_batch_b_a_step_is_priced_at_the_widest_trees_bound() -> None:
+def test_at_batch_b_a_padded_step_is_priced_at_the_widest_trees_bound() -> None:
     """A step of B rows costs its widest tree; with a mean of fill·K nodes a row, the widest
     of B is at most K·(1 − (1 − fill)^B) (trees of K nodes or none): the mean at batch 1,
     K at full fill, near K for a large batch of sparse rows."""
@@ -131,6 +131,10 @@ def test_at_batch_b_a_step_is_priced_at_the_widest_trees_bound() -> None:
     at = 2 * (NODES[1] + (NODES[2] - NODES[1]) * (widest - 2) / 6)
     assert profile.seconds_at(8, 8, 0.25) == pytest.approx(at)
     assert profile.seconds_at(1, 8, 0.25) == pytest.approx(NODES[1])
+    # Packed forwards (``packing``: the CPU's) cost their trees' nodes: the mean at any batch.
+    profile.packed = True
+    assert profile.seconds_at(8, 8, 0.25) == pytest.approx(2 * NODES[1])
+    assert profile.summary(8, [0, 8])["packed"]
 
 
 def test_a_cell_the_runs_steps_replaced_prices_the_trees_that_size(tmp_path: Path) -> None:

@@ -75,16 +75,18 @@ def _drafted_nodes(batch: int, check: dict) -> list[str]:
     """The nodes the run's replayed trees held a decode step at each K > 0, every domain
     pooled (the tree engine's fill, as vLLM's line gives its drafts' share of their slots),
     and the forward a step of ``batch`` rows is priced at there (``engines.tree.drafted``:
-    the widest tree's bound); each domain is priced at its own nodes. None in older runs."""
+    at the mean where forwards are packed, else the widest tree's bound); each domain is
+    priced at its own nodes. None in older runs."""
     drafted = {int(k): float(v) for k, v in (check.get("drafted") or {}).items() if int(k) > 0}
     if not drafted or not check.get("by_nodes"):
         return []
     prices = {int(n): float(s) for n, s in check["by_nodes"]}
-    cells = []
+    packed, cells = bool(check.get("packed")), []
     for k, mean in sorted(drafted.items()):
-        ms = seconds_drafted(prices.__getitem__, sorted(prices), k, mean / k, batch) * 1000
+        at = prices.__getitem__
+        ms = seconds_drafted(at, sorted(prices), k, mean / k, batch, packed) * 1000
         cells.append(f"K={k} {mean:.2f} ({mean / k:.0%}), {ms:.1f} ms")
-    widest = f" at the widest of {batch} such trees" if batch > 1 else ""
+    widest = f" at the widest of {batch} such trees" if batch > 1 and not packed else ""
     return [
         "  replayed trees held, nodes a decode step (every domain pooled), and the forward a"
         f" step of them is priced at{widest}: " + ", ".join(cells)

@@ -123,17 +123,18 @@ def _tree_fill_cost(
 ) -> Callable[[int, float], float] | None:
     """The tree engine's step at K at a domain's drafted nodes, as the worker priced it
     (``StepProfile.seconds_at``): its seconds at each node count (``by_nodes``, corrected by
-    the run's steps) at the widest tree's bound, plus what the step file's seconds at K hold
-    beyond the forward at K nodes: the job's method's drafting."""
+    the run's steps) at the trees' mean (packed forwards) or the widest tree's bound, plus
+    what the step file's seconds at K hold beyond the forward at K nodes: the job's method's
+    drafting."""
     table, step = check.get("by_nodes"), read_step_costs(out, TREE, batch)
     if not isinstance(table, list) or not table or step is None:
         return None
     prices = {int(n): float(s) for n, s in table}
-    nodes = sorted(prices)
+    nodes, packed = sorted(prices), bool(check.get("packed"))
 
     def cost(k: int, fill: float) -> float:
-        forward = seconds_drafted(prices.__getitem__, nodes, k, fill, batch)
-        full = seconds_drafted(prices.__getitem__, nodes, k, 1.0, batch)
+        forward = seconds_drafted(prices.__getitem__, nodes, k, fill, batch, packed)
+        full = seconds_drafted(prices.__getitem__, nodes, k, 1.0, batch, packed)
         return forward + (step(k) - full if k > 0 else 0.0)
 
     return cost

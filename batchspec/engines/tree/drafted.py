@@ -8,8 +8,11 @@ trees are sparse, and can turn speculation off where it pays. Replay counts the 
 step of a row drafts at every K (``speculation.replay``), which gives a domain's mean nodes
 per decode step, ``fill``·K, from its first unit at any K.
 
-At batch 1 a step costs the row's own nodes, so the domain's step at K is priced at its mean.
-At batch B it costs the widest of B trees, which the mean alone does not fix: it depends on
+At batch 1 a step costs the row's own nodes, so the domain's step at K is priced at its mean;
+so does a packed step at any batch (``packing``: the products run over the trees' real nodes,
+the CPU's forwards), whose cost follows the nodes its B trees hold together: the profile's
+cell of B rows x the mean. Padded (a GPU's captured graphs), a step of B rows costs the widest
+of B trees, which the mean alone does not fix: it depends on
 how the nodes spread from step to step. Of all spreads with that mean, the widest of B trees
 drawn independently is largest when every tree holds K nodes or none, at K·(1 − (1 − fill)^B)
 (Jensen's inequality: the widest's expectation is ∫ 1 − F(x)^B dx over [0, K], and
@@ -44,13 +47,19 @@ def interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
 
 
 def seconds_drafted(
-    at: Callable[[int], float], nodes: Sequence[int], k: int, fill: float, batch: float
+    at: Callable[[int], float],
+    nodes: Sequence[int],
+    k: int,
+    fill: float,
+    batch: float,
+    packed: bool = False,
 ) -> float:
     """Seconds of a step of ``batch`` rows at ``k`` whose trees hold ``fill``·k nodes a step
     on average: ``at(n)`` (a step's seconds at ``n`` nodes, for ``n`` of ``nodes``,
-    ascending) interpolated linearly at ``widest_nodes`` between the two node counts around
-    it. Only those two are priced: ``at`` may apply the run's corrections (``step_check``)."""
-    x = widest_nodes(k, fill, batch)
+    ascending) interpolated linearly at the mean (``packed``) or ``widest_nodes`` between
+    the two node counts around it. Only those two are priced: ``at`` may apply the run's
+    corrections (``step_check``)."""
+    x = widest_nodes(k, fill, 1 if packed else batch)
     if len(nodes) == 1:
         return at(nodes[0])
     i = min(max(bisect_left(nodes, x), 1), len(nodes) - 1)

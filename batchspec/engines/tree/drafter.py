@@ -207,7 +207,9 @@ class ModelDrafter:
     def _forward(self, slots: list[int], trees: list[DraftTree]) -> torch.Tensor:
         lens = self.model.cache_len
         batch = batch_layout(trees, [lens[s] for s in slots])
-        logits = self.model.verify(slots, batch.tokens, batch.positions, batch.tree_mask)
+        logits = self.model.verify(
+            slots, batch.tokens, batch.positions, batch.tree_mask, sizes=batch.sizes
+        )
         return logits[..., : self.vocab_size]
 
 

@@ -35,6 +35,7 @@ from transformers import LlamaConfig
 
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.ops import rms_norm
+from batchspec.engines.tree.packing import Packing
 from batchspec.engines.tree.weights import llama_config, rope_tables
 from batchspec.errors import UserError
 
@@ -275,9 +276,9 @@ class TappedModel(TreeModel):
             self._parts.append(self.tapped)
         return out
 
-    def tap(self, index: int, x: torch.Tensor) -> None:
-        if index in self.taps:
-            self._seen[index] = x.clone()  # the C forward goes on updating x in place
+    def tap(self, index: int, x: torch.Tensor, packing: Packing | None) -> None:
+        if index in self.taps:  # a copy: the C forward goes on updating x in place
+            self._seen[index] = x.clone() if packing is None else packing.unpack(x)
 
 
 def head_rope(cfg: HeadConfig, max_len: int, dtype: torch.dtype, device: str) -> torch.Tensor:

@@ -266,15 +266,17 @@ class TreeEngine:
         lens = self.model.cache_len
         batch = batch_layout(trees, [lens[r.slot] for r in self.rows])
         try:
+            slots, sizes = [r.slot for r in self.rows], batch.sizes
             logits = self.model.verify(
-                [r.slot for r in self.rows], batch.tokens, batch.positions, batch.tree_mask
+                slots, batch.tokens, batch.positions, batch.tree_mask, sizes=sizes
             )
         except Exception as exc:
             raise EngineFailure(f"tree engine step failed: {exc!r}") from exc
         for b, (row, tree) in enumerate(zip(list(self.rows), trees, strict=True)):
             self._accept(row, tree, logits[b, : tree.size])
-        if self._profile is not None:
-            nodes = max(t.size for t in trees) - 1
+        if self._profile is not None:  # a packed step costs its trees' mean nodes
+            sizes = [t.size - 1 for t in trees]
+            nodes = sum(sizes) / len(sizes) if self._profile.packed else max(sizes)
             # The profile prices the verify forward; drafting is priced per drafter (multi.py).
             self._profile.observe(len(trees), nodes, time.perf_counter() - started - drafting)
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from batchspec.engines.tree.packing import Packing
 from batchspec.engines.tree.weights import Weights
 
 if TYPE_CHECKING:
@@ -59,14 +60,19 @@ class FewRows:
         tree_mask: torch.Tensor,
         offsets: list[int] | None,
         last_only: bool,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
-        """``model``'s forward of B rows x N positions (``TreeModel._forward``'s contract)."""
+        """``model``'s forward of B rows x N positions (``TreeModel._forward``'s contract);
+        with ``packing``, every product over the real nodes alone (``packing``)."""
         b, n = tokens.shape
-        rows, cfg, w = b * n, model.cfg, self.weights
+        cfg, w = model.cfg, self.weights
         heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         dim, inter = cfg.hidden_size, cfg.intermediate_size
         step = model.cache.step(slots, n, offsets)
         mask = model.cache.mask(step, tree_mask, model.group)
+        if packing is not None:
+            tokens, positions = packing.pack(tokens), packing.pack(positions)
+        rows = tokens.numel()
         cos, sin = model.rope[:, positions].reshape(2, rows, hd).contiguous()
         x = torch.empty(rows, dim, dtype=torch.float32, device=model.device)  # its own memory:
         x.copy_(w.embedding(tokens).reshape(rows, dim))  # updated in place, read as rows
@@ -74,26 +80,31 @@ class FewRows:
         gate_up, act = x.new_empty(rows, 2 * inter), x.new_empty(rows, inter)
         threads, eps, lib = torch.get_num_threads(), model.eps, self.lib
         px, pcos, psin, ph, pqkv, pgu, pact = _ptrs(x, cos, sin, h, qkv, gate_up, act)
-        split = qkv.view(b, n, heads + 2 * kv, hd)
+        padded = qkv if packing is None else packing.unpack(qkv)  # pads stay zeros
+        split = padded.view(b, n, heads + 2 * kv, hd)
         for i in range(len(w.layers)):
-            model.tap(i, x.view(b, n, dim))
+            model.tap(i, x if packing else x.view(b, n, dim), packing)
             (norm, p_qkv), (p_out, mlp_norm, p_gu, p_down) = self.pre[i], self.post[i]
             lib.layer_pre(
                 px, norm, eps, p_qkv, pcos, psin, ph, pqkv,
                 rows, dim, heads + kv, heads + 2 * kv, hd, threads,
             )  # fmt: skip
+            if packing is not None:
+                padded.view(b * n, -1).index_copy_(0, packing.index, qkv)
             o = model.attend(i, split[:, :, : heads + kv], split[:, :, heads + kv :], step, mask)
-            o = o.contiguous()  # held until the call returns: C reads its address
-            (po,) = _ptrs(o)
+            o = o.contiguous() if packing is None else packing.pack(o)  # held until the call
+            (po,) = _ptrs(o)  # returns: C reads its address
             lib.layer_post(
                 px, po, p_out, mlp_norm, eps, p_gu, p_down, ph, pgu, pact,
                 rows, dim, heads * hd, inter, threads,
             )  # fmt: skip
-        model.tap(len(w.layers), x.view(b, n, dim))
+        model.tap(len(w.layers), x if packing else x.view(b, n, dim), packing)
         if last_only:
             x = x[-1:]
-        x = model.ops.rms_norm(x, w.norm, eps)
-        return w.head(x).float().view(b, -1 if last_only else n, cfg.vocab_size)
+        logits = w.head(model.ops.rms_norm(x, w.norm, eps)).float()
+        if packing is not None:
+            return packing.unpack(logits)
+        return logits.view(b, -1 if last_only else n, cfg.vocab_size)
 
 
 def _ptrs(*tensors: torch.Tensor) -> list[int]:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from batchspec.engines.tree.cache import Step
+from batchspec.engines.tree.eager import eager_forward
 
 if TYPE_CHECKING:
     from batchspec.engines.tree.model import TreeModel
@@ -228,5 +229,7 @@ class CudaGraphs:
         cols = lens.unsqueeze(1) + arange[:n]
         step = Step(window, lens, window.unsqueeze(1).expand(rows, n), cols, bucket.span,
                     None if bucket.gather else 0, torch.zeros_like(lens))  # fmt: skip
-        logits = self.model.layers(step, tokens, positions.view(rows, n), mask, additive=True)
+        logits = eager_forward(
+            self.model, step, tokens, positions.view(rows, n), mask, additive=True
+        )
         torch.index_select(logits, 0, order, out=out)

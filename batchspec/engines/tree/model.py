@@ -33,13 +33,14 @@ from transformers import LlamaConfig
 
 from batchspec.engines.tree import ops
 from batchspec.engines.tree.attention import TreeAttention
-from batchspec.engines.tree.cache import KVCache, Step
+from batchspec.engines.tree.cache import KVCache
+from batchspec.engines.tree.eager import eager_forward
 from batchspec.engines.tree.fewrows import FewRows
 from batchspec.engines.tree.graphs import CudaGraphs
 from batchspec.engines.tree.onerow import OneRow
+from batchspec.engines.tree.packing import Packing
 from batchspec.engines.tree.weights import (
     SMALL_ROWS,
-    Layer,
     Weights,
     convert,
     llama_config,
@@ -205,6 +206,7 @@ class TreeModel:
         positions: torch.Tensor,
         tree_mask: torch.Tensor,
         offsets: list[int] | None = None,
+        sizes: list[int] | None = None,
     ) -> torch.Tensor:
         """Logits float32 [B, N, vocab] of every node of B rows' trees in one forward.
 
@@ -213,7 +215,9 @@ class TreeModel:
         The nodes' KV land at cache_len + i as scratch; cache lengths do not change until
         ``commit``. With ``offsets`` (a draft tree fed depth by depth), row b's nodes land at
         cache_len + offsets[b] + i instead, behind nodes an earlier forward wrote, and
-        ``tree_mask`` [B, N, W] has a column per scratch position (``KVCache.mask``).
+        ``tree_mask`` [B, N, W] has a column per scratch position (``KVCache.mask``). With
+        ``sizes`` (each row's tree's nodes, root included), the products run over those nodes
+        alone (``packing``), and a row's logits past its tree are zeros.
         """
         b, n = tokens.shape
         w = n + (max(offsets) if offsets else 0)
@@ -228,7 +232,8 @@ class TreeModel:
                 return logits
         dev = self.device
         tokens, positions, tree_mask = tokens.to(dev), positions.to(dev), tree_mask.to(dev)
-        return self._forward(slots, tokens, positions, tree_mask, offsets=offsets)
+        packing = Packing.of(sizes, n, dev)
+        return self._forward(slots, tokens, positions, tree_mask, offsets=offsets, packing=packing)
 
     def commit(self, slot: int, nodes: list[int]) -> None:
         """Keep the path ``nodes`` (root 0 first, depth order) of the slot's last verify."""
@@ -254,77 +259,21 @@ class TreeModel:
         tree_mask: torch.Tensor,
         last_only: bool = False,
         offsets: list[int] | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
-        """Run the layers over [B, N] new positions; logits of all of them or the last one."""
-        if self.few_rows is not None and tokens.numel() <= SMALL_ROWS:
-            args = (slots, tokens, positions, tree_mask, offsets, last_only)
+        """Run the layers over [B, N] new positions (their real nodes: ``packing``); logits
+        of all of them or the last one."""
+        rows = tokens.numel() if packing is None else packing.rows
+        if self.few_rows is not None and rows <= SMALL_ROWS:
+            args = (slots, tokens, positions, tree_mask, offsets, last_only, packing)
             return self.few_rows.forward(self, *args)
         if self.one_row is not None and tokens.numel() == 1:
             return self.one_row.forward(self, slots, tokens, positions, tree_mask, offsets)
         step = self.cache.step(slots, tokens.shape[1], offsets)
-        return self.layers(step, tokens, positions, tree_mask, last_only)
+        return eager_forward(self, step, tokens, positions, tree_mask, last_only, packing=packing)
 
-    def layers(
-        self,
-        step: Step,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        tree_mask: torch.Tensor,
-        last_only: bool = False,
-        additive: bool = False,
-    ) -> torch.Tensor:
-        """Every layer and the head over ``step``'s new positions. ``additive``: the mask as
-        0/-inf in the model's dtype, made once per forward; the attention would otherwise
-        turn the boolean mask into that in every layer (three kernels each on a GPU)."""
-        mask = self.cache.mask(step, tree_mask, self.group)
-        if additive:
-            mask = torch.zeros_like(mask, dtype=self.dtype).masked_fill_(~mask, float("-inf"))
-        cos, sin = self.rope[:, positions].unsqueeze(3)
-        x = self.weights.embedding(tokens)
-        for i, layer in enumerate(self.weights.layers):
-            self.tap(i, x)
-            x = self._layer(i, layer, x, step, mask, cos, sin)
-        self.tap(len(self.weights.layers), x)
-        if last_only:
-            x = x[:, -1:]
-        x = self.ops.rms_norm(x, self.weights.norm, self.eps)
-        return self.weights.head(x).float()
-
-    def tap(self, index: int, x: torch.Tensor) -> None:
+    def tap(self, index: int, x: torch.Tensor, packing: Packing | None) -> None:
         """The residual stream [B, N, hidden] entering layer ``index`` (the layer count: the
-        last layer's output, before the final norm), for a subclass that keeps some
-        (``eagle_head.TappedModel``); the C forward updates ``x`` in place after this returns."""
-
-    def _layer(
-        self,
-        index: int,
-        layer: Layer,
-        x: torch.Tensor,
-        step: Step,
-        mask: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """One decoder layer: attention and SiLU MLP, each behind an RMSNorm and a residual."""
-        h = self.ops.rms_norm(x, layer.attn_norm, self.eps)
-        attended = self._attention(index, layer, h, step, mask, cos, sin)
-        x, h = self.ops.add_rms_norm(x, attended, layer.mlp_norm, self.eps)
-        return x + layer.down(self.ops.silu_mul(layer.gate_up(h)))
-
-    def _attention(
-        self,
-        index: int,
-        layer: Layer,
-        h: torch.Tensor,
-        step: Step,
-        mask: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """Self-attention of the new nodes over the cache; writes their KV first."""
-        b, n, _ = h.shape
-        kv_heads, hd = self.cfg.num_key_value_heads, self.cfg.head_dim
-        heads = self.cfg.num_attention_heads
-        qkv = layer.qkv(h).view(b, n, heads + 2 * kv_heads, hd)
-        qk, v = qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
-        return layer.out(self.attend(index, self.ops.rope(qk, cos, sin), v, step, mask))
+        last layer's output, before the final norm), or its real nodes [T, hidden] with
+        ``packing``, for a subclass that keeps some (``eagle_head.TappedModel``); the C
+        forward updates ``x`` in place after this returns."""

@@ -67,6 +67,9 @@ class StepProfile:
     """Seconds this build spent measuring cells (0: all of them came from the cache)."""
     check: StepCheck = field(default_factory=StepCheck)
     """This run's real steps against the table, and the corrections they call for."""
+    packed: bool = False
+    """The model's verify forwards run over their trees' real nodes (``packing``): a step
+    costs the nodes its trees hold, not the widest tree's padding."""
 
     def forward_seconds(self, batch: int, nodes: int) -> float:
         """The verify forward's measured seconds, interpolated between cells."""
@@ -84,9 +87,8 @@ class StepProfile:
         step on average (a domain's replayed drafts, ``Controller.fill_cost``): priced at the
         widest tree's bound (``drafted``), between the node counts around it as this run's
         steps have corrected them."""
-        return seconds_drafted(
-            partial(self.seconds, batch), self.priced_nodes(batch), k, fill, batch
-        )
+        at = partial(self.seconds, batch)
+        return seconds_drafted(at, self.priced_nodes(batch), k, fill, batch, self.packed)
 
     def priced_nodes(self, batch: int) -> list[int]:
         """The node counts a step of ``batch`` rows is priced at: the profile's, and those
@@ -95,11 +97,12 @@ class StepProfile:
         own = {n for b, n in self.check.replaced if b == batch}
         return sorted({*self.nodes, *own})
 
-    def observe(self, batch: int, nodes: int, seconds: float) -> None:
-        """A real step's seconds: checked against the profile's cell."""
+    def observe(self, batch: int, nodes: float, seconds: float) -> None:
+        """A real step's seconds, its trees' ``nodes`` (the widest's; packed, their mean):
+        checked against the profile there, and counted in the nearest cell."""
         predicted = self.forward_seconds(batch, nodes)
         if predicted > 0 and seconds > 0:
-            self.check.add((batch, nodes), seconds, predicted)
+            self.check.add((batch, round(nodes)), seconds, predicted)
 
     def summary(self, batch: int, grid: list[int]) -> dict[str, Any]:
         """For the run's step file and ``report``: the check (cells measured against
@@ -111,7 +114,8 @@ class StepProfile:
         # What a domain's drafts are priced at between node counts (``report``, ``status``).
         by_nodes = [[n, self.seconds(batch, n)] for n in self.priced_nodes(batch)]
         check = self.check.summary(profiled)
-        return {"kind": "tree-profile", **check, "priced": priced, "by_nodes": by_nodes}
+        summary = {"kind": "tree-profile", **check, "priced": priced, "by_nodes": by_nodes}
+        return summary | {"packed": self.packed}
 
 
 def batch_sizes(max_num_seqs: int) -> list[int]:
@@ -228,7 +232,7 @@ def load_or_measure(
         _write(path, known)
     spent = time.perf_counter() - started if missing else 0.0
     table = [[known[(b, n)] for n in nodes] for b in batches]
-    return StepProfile(batches, nodes, table, key, spent)
+    return StepProfile(batches, nodes, table, key, spent, packed=model.graphs is None)
 
 
 def _read(path: Path) -> dict[tuple[int, int], float]:
