@@ -39,7 +39,7 @@ def bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 29, 64])
 @pytest.mark.parametrize("shape", [(24, 40), (64, 150)])
 def test_every_row_count_is_the_product_within_float32s_bound(
     kernel, rows: int, shape: tuple[int, int]

@@ -75,12 +75,13 @@ def test_a_packed_verify_gives_the_padded_ones_logits_and_cache(c_forward: bool)
 
 
 def test_more_nodes_than_the_c_forward_takes_run_packed_through_the_eager_layers() -> None:
-    """Eight rows, one tree of 5 nodes among single roots and short chains: 26 real nodes
-    (more than ``SMALL_ROWS``, so the eager layers) of 40 padded, against the padded
-    forward with the C forward off."""
+    """Eight rows, seven chains and a single root: more real nodes than ``SMALL_ROWS`` (so
+    the eager layers), fewer than padded, against the padded forward with the C forward
+    off."""
     model = model_with(8)
-    sizes = [5, 1, 3, 4, 1, 4, 4, 4]
-    assert SMALL_ROWS < sum(sizes) < 8 * 5
+    n = SMALL_ROWS // 7 + 2
+    sizes = [n, 1, n - 1, n, n, n, n, n]
+    assert SMALL_ROWS < sum(sizes) < 8 * n
     trees = [chain(i + 1, size - 1) for i, size in enumerate(sizes)]
     calls = []
     if model.few_rows is not None:

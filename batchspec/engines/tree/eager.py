@@ -1,5 +1,5 @@
 """The tree engine's forward in PyTorch ops: every layer and the head over a forward's new
-positions, for whatever ``fewrows`` (up to 24 rows in C on the CPU) and ``onerow`` (a compiled
+positions, for whatever ``fewrows`` (up to 64 rows in C on the CPU) and ``onerow`` (a compiled
 single row) do not serve, and inside each captured CUDA graph (``graphs``). With a ``Packing``
 the products run over the trees' real nodes alone and attention keeps the padded layout.
 """

@@ -10,7 +10,7 @@ a static, preallocated cache (``cache.KVCache``) and as little per-step work as 
 - tree attention (``attention.TreeAttention``) groups query heads by their KV head, so K/V
   are read without repeating them, over only the first max(cache_len) + N cache positions,
   with one boolean mask built per forward, not per layer;
-- on the CPU, a forward of up to 24 rows runs each layer's work between its attention calls
+- on the CPU, a forward of up to 64 rows runs each layer's work between its attention calls
   as two calls into C (``fewrows``), plain steps at batch 1 included;
 - RoPE tables are computed once for all positions; a node's angle comes from its ``position``
   (cache_len + depth), not from where its KV sits in the cache;

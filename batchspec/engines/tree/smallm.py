@@ -8,11 +8,11 @@ verify costs at batch 1"). This is the GEMM micro-kernel those products lack, fo
 the weight matrix packed once into panels of 8 output columns ([out / 8, in, 8], streamed
 front to back), three panels at a time for up to 4 rows (12 accumulator registers: enough
 independent multiply-adds to hide their latency; each row's input broadcast from L1), the
-weights prefetched ahead, and rows 5-8 reading a block of them again from L1. Written in C with
-AVX2 and FMA, compiled at first use with the machine's C compiler into the user's cache, and
-threaded over panels by the OpenMP runtime torch already loaded (one pool, torch's thread
-count). Where it cannot be built (no compiler, no AVX2, not x86) ``load`` says why once and the
-products stay oneDNN's.
+weights prefetched ahead, and every further 4 rows reading a block of them again from L1.
+Written in C with AVX2 and FMA, compiled at first use with the machine's C compiler into the
+user's cache, and threaded over panels by the OpenMP runtime torch already loaded (one pool,
+torch's thread count). Where it cannot be built (no compiler, no AVX2, not x86) ``load`` says
+why once and the products stay oneDNN's.
 
 The same library holds a decoder layer's work between its attention calls for those rows
 (``layer_pre``, ``layer_post``: the norms, RoPE, residuals and SiLU around the products), which
@@ -106,37 +106,41 @@ static inline __attribute__((always_inline)) void panels3(
     case 2: panels3(2, x, p, y, K, N, nb, k0, k1, fetch); break;      \
     case 3: panels3(3, x, p, y, K, N, nb, k0, k1, fetch); break;      \
     case 4: panels3(4, x, p, y, K, N, nb, k0, k1, fetch); break; }
-#define BLOCK 64 /* k per block: 3 panels' weights of a block (6 KB) stay in L1 for rows 5-8 */
+#define BLOCK 64 /* k per block: 3 panels' weights of a block (6 KB) stay in L1 for rows 5- */
 
-/* M <= 8 rows: per group of three panels, rows 0-3 stream the weights from memory and rows
-   4-7 read them again from L1, a block of k at a time; the panels left over one at a time. */
-static void rows8(const float *x, const float *p, float *y, int M, int K, int N, int threads) {
-  const int groups = N / 24, head = M < 4 ? M : 4;
+/* x [M, K] and y [M, N] row-major, p the packed weights [N / 8, K, 8]. Per group of three
+   panels and block of k, rows 0-3 stream the weights from memory and every further 4 rows
+   read them again from L1, so the weights stream once whatever M (passes of 8 rows streamed
+   them once a pass: 12 rows cost 1.7x 8); the panels left over one at a time, 8 rows at a
+   time. */
+void smallm(const float *x, const float *p, float *y, int M, int K, int N, int threads) {
+  const int groups = N / 24;
   _Pragma("omp parallel for schedule(static) num_threads(threads)")
   for (int g = 0; g < groups; g++) {
     const int nb = g * 24;
     for (int k0 = 0; k0 < K; k0 += BLOCK) {
       const int k1 = k0 + BLOCK < K ? k0 + BLOCK : K;
-      UP_TO_4(head, x, y, 1)
-      if (M > 4) UP_TO_4(M - 4, x + (size_t)4 * K, y + (size_t)4 * N, 0)
+      for (int m0 = 0; m0 < M; m0 += 4) {
+        const int m = M - m0 < 4 ? M - m0 : 4;
+        UP_TO_4(m, x + (size_t)m0 * K, y + (size_t)m0 * N, m0 == 0)
+      }
     }
   }
-  for (int nb = groups * 24; nb < N; nb += 8) switch (M) {
-      case 1: panel(1, x, p, y, K, N, nb); break;
-      case 2: panel(2, x, p, y, K, N, nb); break;
-      case 3: panel(3, x, p, y, K, N, nb); break;
-      case 4: panel(4, x, p, y, K, N, nb); break;
-      case 5: panel(5, x, p, y, K, N, nb); break;
-      case 6: panel(6, x, p, y, K, N, nb); break;
-      case 7: panel(7, x, p, y, K, N, nb); break;
-      case 8: panel(8, x, p, y, K, N, nb); break;
+  for (int nb = groups * 24; nb < N; nb += 8)
+    for (int m0 = 0; m0 < M; m0 += 8) {
+      const float *xm = x + (size_t)m0 * K;
+      float *ym = y + (size_t)m0 * N;
+      switch (M - m0 < 8 ? M - m0 : 8) {
+        case 1: panel(1, xm, p, ym, K, N, nb); break;
+        case 2: panel(2, xm, p, ym, K, N, nb); break;
+        case 3: panel(3, xm, p, ym, K, N, nb); break;
+        case 4: panel(4, xm, p, ym, K, N, nb); break;
+        case 5: panel(5, xm, p, ym, K, N, nb); break;
+        case 6: panel(6, xm, p, ym, K, N, nb); break;
+        case 7: panel(7, xm, p, ym, K, N, nb); break;
+        case 8: panel(8, xm, p, ym, K, N, nb); break;
+      }
     }
-}
-
-/* x [M, K] and y [M, N] row-major, p the packed weights [N / 8, K, 8]; M rows in passes of 8. */
-void smallm(const float *x, const float *p, float *y, int M, int K, int N, int threads) {
-  for (int m0 = 0; m0 < M; m0 += 8)
-    rows8(x + (size_t)m0 * K, p, y + (size_t)m0 * N, M - m0 < 8 ? M - m0 : 8, K, N, threads);
 }
 
 /* Llama's RMSNorm of M rows of D (the sum of squares in double: no worse than torch's). */

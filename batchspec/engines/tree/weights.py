@@ -26,13 +26,14 @@ from batchspec.models import read_safetensors
 
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 """RoPE variants whose angles depend on the position only (not on the sequence length)."""
-SMALL_ROWS = 24
-"""Up to this many rows a product runs by the small-row kernel (``smallm``, in passes of 8),
-where it is built. All the model's matrices, ms, kernel against oneDNN's packed product
-(2026-12-05, two runs, one thread): 1 row 34-37 / 57-59, 8 rows 42-54 / 84-92, 16 rows 81-84 /
-114-123, 24 rows 121-127 / 136-144, 32 rows 156-168 / 162-166; two threads: 24 rows 73 / 78,
-32 rows 89 / 91, 40 rows 119 / 110. Up to 24 rows takes a batch of 4 rows' 5-node trees and
-of 8 rows' 3-node chains."""
+SMALL_ROWS = 64
+"""Up to this many rows a product runs by the small-row kernel (``smallm``), where it is
+built. All the model's matrices, ms, kernel against oneDNN's packed product (2026-12-05, ABBA
+in one process, one thread): 8 rows 41.7 / 82.8, 16 rows 71.8 / 108.3, 24 rows 99.2 / 129.6,
+32 rows 124.1 / 156.9, 48 rows 182.0 / 204.1, 64 rows 250.9 / 282.5, 96 rows 368.8 / 391.8;
+two threads: 24 rows 51.6 / 74.2, 48 rows 96.4 / 139.1, 64 rows 127.8 / 158.1, 96 rows 195.6
+/ 216.0 (while the kernel streamed the weights once per 8 rows, oneDNN won from 40 rows). Up
+to 64 rows takes a batch of 8 rows' 7-node trees, and a prefill of up to 64 tokens."""
 MIN_PACKED_ROWS = 4
 """oneDNN's product of 2 rows took 1.35x the time of 4 rows here (all the model's matrices, CPU
 time 47 vs 35 ms): fewer rows are padded with zeros up to this."""
