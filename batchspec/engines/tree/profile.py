@@ -38,9 +38,11 @@ from typing import Any
 
 import torch
 
+from batchspec.engines.tree import smallm
 from batchspec.engines.tree.drafted import interp, seconds_drafted
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.step_check import StepCheck
+from batchspec.engines.tree.weights import SMALL_ROWS
 from batchspec.models import user_cache
 
 CONTEXT = 256
@@ -166,7 +168,8 @@ def profile_key(model: TreeModel, name: str, context: int = CONTEXT) -> str:
     ]
     parts += ["cuda graphs"] if model.graphs is not None else []  # eager steps cost more
     parts += ["small-row kernel"] if model.weights.head.small is not None else []  # cheaper
-    parts += ["few-row forward in C"] if model.few_rows is not None else []  # cheaper still
+    few = model.few_rows is not None  # cheaper still, by the kernel's build
+    parts += [f"few-row forward in C {smallm.TAG}, {SMALL_ROWS} rows"] if few else []
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
 
 

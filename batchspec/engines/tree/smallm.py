@@ -197,6 +197,9 @@ void layer_post(float *x, const float *o, const float *p_out, const float *norm,
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]
 """Linked after the source (``expf``, ``sqrtf``)."""
+TAG = hashlib.sha1((SOURCE + " ".join(FLAGS + LIBS)).encode()).hexdigest()[:12]
+"""The build's name: one per source and flags (and a step profile's key names it: another
+kernel, other step costs)."""
 ENV = "BATCHSPEC_SMALLM"
 """``BATCHSPEC_SMALLM=0``: oneDNN for every row count (to compare; or where the kernel is
 suspected)."""
@@ -217,8 +220,7 @@ def load() -> ctypes.CDLL | None:
     flags; concurrent workers each write files of their own and rename the build into place); None
     where it cannot run or be built, said once in the log."""
     why = unsupported()
-    tag = hashlib.sha1((SOURCE + " ".join(FLAGS + LIBS)).encode()).hexdigest()[:12]
-    path = user_cache() / "kernels" / f"smallm-{tag}.so"
+    path = user_cache() / "kernels" / f"smallm-{TAG}.so"
     if why is None and not path.exists():
         why = build(path)
     if why is not None:
