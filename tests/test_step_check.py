@@ -122,3 +122,23 @@ def test_report_shows_measured_against_profiled(tmp_path: Path) -> None:
     assert lines[2].startswith(f"  8 rows, 4 nodes: {MIN_STEPS} steps, measured 30.")
     assert lines[2].endswith("profiled 60.0 ms: priced as measured")
     assert lines[3].startswith("  a step of 8 rows, ms: K=0 20.") and "(profiled 60.0)" in lines[3]
+
+
+def test_packed_steps_count_above_their_mean_and_correct_it_by_their_ratio() -> None:
+    """Packed steps (one row's 4-node tree among seven plain rows: a mean of 0.5 nodes) that
+    take 1.5x what the profile interpolates there count in the 1-node cell, the one above
+    (never in the plain cell, which holds plain steps alone), and replace it at the profile
+    times their mean ratio: 45 ms at 1 node, not their own 37.5 ms mean; a price between 0
+    and 4 nodes passes through it."""
+    profile = profiled()
+    profile.packed = True
+    assert profile.forward_seconds(8, 0.5) == pytest.approx(0.025)
+    for _ in range(MIN_STEPS):
+        profile.observe(8, 0.5, 1.5 * 0.025)
+        profile.observe(8, 0, 0.020)
+    cells = profile.check.cells
+    assert cells[(8, 0)].steps == cells[(8, 1)].steps == MIN_STEPS
+    assert (8, 1) in profile.check.replaced  # (the plain cell too: the pool rescaled)
+    assert profile.seconds(8, 0) == pytest.approx(0.020)
+    assert profile.seconds(8, 1) == pytest.approx(1.5 * 0.030)
+    assert profile.seconds_at(8, 4, 0.125) == pytest.approx(0.020 + 0.5 * 0.025)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -101,10 +102,11 @@ class StepProfile:
 
     def observe(self, batch: int, nodes: float, seconds: float) -> None:
         """A real step's seconds, its trees' ``nodes`` (the widest's; packed, their mean):
-        checked against the profile there, and counted in the nearest cell."""
+        checked against the profile there, and counted in the cell at or above it (a plain
+        step's cell holds plain steps alone)."""
         predicted = self.forward_seconds(batch, nodes)
         if predicted > 0 and seconds > 0:
-            self.check.add((batch, round(nodes)), seconds, predicted)
+            self.check.add((batch, math.ceil(nodes)), seconds, predicted)
 
     def summary(self, batch: int, grid: list[int]) -> dict[str, Any]:
         """For the run's step file and ``report``: the check (cells measured against

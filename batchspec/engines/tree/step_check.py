@@ -12,9 +12,11 @@ what the profile says that cell costs, and the run's own figures win where they 
   then every cell is priced at the profile times that mean ratio (the machine is slower or
   faster now than when it was profiled, at every cell alike, K nobody ran included);
 - a cell with ``MIN_STEPS`` steps of its own that disagrees, by the same rule, with the
-  profile so scaled is **replaced**: priced at its own mean measured step (the profile's
-  shape is wrong there: a kernel that suffers more from contention, drafting that costs
-  more than the forward's share);
+  profile so scaled is **replaced**: priced at the profile times its own steps' mean ratio,
+  which for a cell of whole trees is its mean measured step (a packed step, whose trees hold
+  a mean of nodes between two cells, counts in the one above). The profile's shape is wrong
+  there: a kernel that suffers more from contention, drafting that costs more than the
+  forward's share, a packed batch's attention padded to its widest tree;
 - otherwise the profile is left alone: noise does not move prices.
 
 Only the run keeps these figures: the cache holds synthetic forwards at a fixed context, one
@@ -39,7 +41,8 @@ Z = 2.0
 """Standard errors of the mean ratio that must lie outside the band as well."""
 
 Cell = tuple[int, int]
-"""(rows in the step, draft nodes of its widest tree; 0: a plain decode step)."""
+"""(rows in the step, draft nodes of its widest tree, or of its trees' mean rounded up where
+steps are packed; 0: a plain decode step)."""
 
 
 @dataclass
@@ -89,7 +92,7 @@ class StepCheck:
     scale: float = 1.0
     """What the profile is multiplied by: the pool's mean ratio where it disagrees, else 1."""
     replaced: set[Cell] = field(default_factory=set)
-    """Cells priced at their own mean measured step."""
+    """Cells priced at their own steps' mean ratio to the profile."""
 
     def add(self, cell: Cell, seconds: float, profiled: float) -> None:
         """One real step of ``cell`` that took ``seconds``, where the profile says
@@ -109,7 +112,7 @@ class StepCheck:
     def price(self, cell: Cell, profiled: float) -> float:
         """Seconds of a step of ``cell``, whose profiled seconds are ``profiled``."""
         if cell in self.replaced:
-            return self.cells[cell].mean_seconds()
+            return profiled * self.cells[cell].mean_ratio()
         return profiled * self.scale
 
     def summary(self, profiled: dict[Cell, float]) -> dict[str, Any]:
