@@ -67,7 +67,7 @@ class Table:
     def share_prefix(self, src: int, dst: int, n: int) -> None:
         self.seq[dst] = self.seq[src][:n]
 
-    def verify(self, slots, tokens, positions, tree_mask) -> torch.Tensor:
+    def verify(self, slots, tokens, positions, tree_mask, sizes=None) -> torch.Tensor:
         out = torch.zeros(*tokens.shape, V, dtype=torch.float64)
         for b, slot in enumerate(slots):
             self.fed[slot] = tokens[b].tolist()
