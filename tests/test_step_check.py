@@ -134,11 +134,15 @@ def test_packed_steps_count_above_their_mean_and_correct_it_by_their_ratio() -> 
     profile.packed = True
     assert profile.forward_seconds(8, 0.5) == pytest.approx(0.025)
     for _ in range(MIN_STEPS):
-        profile.observe(8, 0.5, 1.5 * 0.025)
-        profile.observe(8, 0, 0.020)
+        profile.observe_step([4, 0, 0, 0, 0, 0, 0, 0], 1.5 * 0.025)
+        profile.observe_step([0] * 8, 0.020)
     cells = profile.check.cells
     assert cells[(8, 0)].steps == cells[(8, 1)].steps == MIN_STEPS
     assert (8, 1) in profile.check.replaced  # (the plain cell too: the pool rescaled)
     assert profile.seconds(8, 0) == pytest.approx(0.020)
     assert profile.seconds(8, 1) == pytest.approx(1.5 * 0.030)
     assert profile.seconds_at(8, 4, 0.125) == pytest.approx(0.020 + 0.5 * 0.025)
+    # Padded (a GPU's graphs), the same step costs its widest tree: the 4-node cell.
+    padded = profiled()
+    padded.observe_step([4, 0, 0, 0, 0, 0, 0, 0], 0.060)
+    assert list(padded.check.cells) == [(8, 4)]

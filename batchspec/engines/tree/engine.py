@@ -274,11 +274,10 @@ class TreeEngine:
             raise EngineFailure(f"tree engine step failed: {exc!r}") from exc
         for b, (row, tree) in enumerate(zip(list(self.rows), trees, strict=True)):
             self._accept(row, tree, logits[b, : tree.size])
-        if self._profile is not None:  # a packed step costs its trees' mean nodes
-            sizes = [t.size - 1 for t in trees]
-            nodes = sum(sizes) / len(sizes) if self._profile.packed else max(sizes)
+        if self._profile is not None:
             # The profile prices the verify forward; drafting is priced per drafter (multi.py).
-            self._profile.observe(len(trees), nodes, time.perf_counter() - started - drafting)
+            spent = time.perf_counter() - started - drafting
+            self._profile.observe_step([t.size - 1 for t in trees], spent)
 
     def _accept(self, row: TreeRow, tree: DraftTree, logits: torch.Tensor) -> None:
         """Accept a path of the row's verified tree, keep it in the cache, emit it and the

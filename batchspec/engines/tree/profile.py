@@ -100,6 +100,12 @@ class StepProfile:
         own = {n for b, n in self.check.replaced if b == batch}
         return sorted({*self.nodes, *own})
 
+    def observe_step(self, nodes: list[int], seconds: float) -> None:
+        """A real step whose rows' trees held these draft ``nodes``: a packed step costs
+        their mean, a padded one its widest (``observe``)."""
+        at = sum(nodes) / len(nodes) if self.packed else max(nodes)
+        self.observe(len(nodes), at, seconds)
+
     def observe(self, batch: int, nodes: float, seconds: float) -> None:
         """A real step's seconds, its trees' ``nodes`` (the widest's; packed, their mean):
         checked against the profile there, and counted in the cell at or above it (a plain
