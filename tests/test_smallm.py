@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from support.tiny_model import TINY_TIED
 
 from batchspec.engines.tree import smallm
 from batchspec.engines.tree.weights import SMALL_ROWS, Linear
@@ -133,19 +134,9 @@ def test_model_forwards_of_a_few_rows_run_in_c_as_the_eager_layers_do(kernel) ->
     from batchspec.engines.tree.eagle_head import TappedModel
     from batchspec.engines.tree.model import TreeModel
 
-    config = {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 96,
-        "vocab_size": 120,
-        "max_position_embeddings": 64,
-        "tie_word_embeddings": True,  # the embedding read from the head's W.T, as SmolLM's
-    }
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(weights, "small_kernel", lambda: kernel)
-        model = TreeModel.random(config, torch.float32, "cpu", max_batch=2, max_len=64)
+        model = TreeModel.random(TINY_TIED, torch.float32, "cpu", max_batch=2, max_len=64)
     assert model.few_rows is not None and not model.use_one_row_kernel()
     # No plain copy of a layer's matrices beside the panels and oneDNN's packing; the head's
     # stays (the tied embedding gathers from it).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.tiny_model import TINY_TIED
 
 from batchspec.engines.tree import smallm
 from batchspec.engines.tree.eagle_head import TappedModel
@@ -14,16 +15,7 @@ from batchspec.engines.tree.packing import Packing
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.engines.tree.weights import SMALL_ROWS
 
-CONFIG = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 96,
-    "vocab_size": 120,
-    "max_position_embeddings": 64,
-    "tie_word_embeddings": True,
-}
+CONFIG = TINY_TIED
 PROMPTS = [[5, 9, 2, 7, 1], [3, 8], [4, 4, 6], [1], [7, 3, 9, 9], [2, 5], [6], [8, 1, 1]]
 
 

@@ -59,31 +59,15 @@ def _layer(
     sin: torch.Tensor,
     packing: Packing | None = None,
 ) -> torch.Tensor:
-    """One decoder layer: attention and SiLU MLP, each behind an RMSNorm and a residual."""
-    h = model.ops.rms_norm(x, layer.attn_norm, model.eps)
-    attended = _attention(model, index, layer, h, step, mask, cos, sin, packing)
-    x, h = model.ops.add_rms_norm(x, attended, layer.mlp_norm, model.eps)
-    return x + layer.down(model.ops.silu_mul(layer.gate_up(h)))
-
-
-def _attention(
-    model: TreeModel,
-    index: int,
-    layer: Layer,
-    h: torch.Tensor,
-    step: Step,
-    mask: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    packing: Packing | None = None,
-) -> torch.Tensor:
-    """Self-attention of the new nodes over the cache; writes their KV first. Packed
-    nodes attend in the padded layout, their pads zeros (``packing``)."""
+    """One decoder layer: attention of the new nodes over the cache (their KV written first;
+    packed nodes attend in the padded layout, their pads zeros: ``packing``) and the SiLU
+    MLP, each behind an RMSNorm and a residual."""
     b, n = step.rows.shape
-    kv_heads, hd = model.cfg.num_key_value_heads, model.cfg.head_dim
-    heads = model.cfg.num_attention_heads
-    qkv = layer.qkv(h)
-    qkv = (qkv if packing is None else packing.unpack(qkv)).view(b, n, -1, hd)
+    heads, kv_heads = model.cfg.num_attention_heads, model.cfg.num_key_value_heads
+    qkv = layer.qkv(model.ops.rms_norm(x, layer.attn_norm, model.eps))
+    qkv = (qkv if packing is None else packing.unpack(qkv)).view(b, n, -1, model.cfg.head_dim)
     qk, v = qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
     o = model.attend(index, model.ops.rope(qk, cos, sin), v, step, mask)
-    return layer.out(o if packing is None else packing.pack(o))
+    attended = layer.out(o if packing is None else packing.pack(o))
+    x, h = model.ops.add_rms_norm(x, attended, layer.mlp_norm, model.eps)
+    return x + layer.down(model.ops.silu_mul(layer.gate_up(h)))
