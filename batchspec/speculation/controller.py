@@ -28,11 +28,11 @@ def blind_k(grid: Iterable[int], default_k: int, cost: Callable[[int], float] | 
     up to which every step ``cost`` (seconds at K, the verify forward profiled or fitted) is
     within ``BLIND_LOSS`` of K=0's. With acceptance unknown, the worst case is that no draft
     is accepted, and then a step at K yields the one token a plain step does, at its own
-    price. On this CPU's tree engine (the small model, one thread) a verify of 2 nodes costs
-    0.98x a plain step at batch 1 and 1.84x at batch 8: a blind unit runs K=2 at batch 1 and
-    decodes plain at batch 8, where a spec's K=4 had cost such units a third of their speed
-    (docs/choosing-k.md). The spec's K where nothing prices a step, or the grid's smallest K
-    where none is within the bound (K=0 not in the grid)."""
+    price. On this CPU's tree engine (the small model, one thread) a verify of a few nodes
+    costs about a plain step at batch 1 and 1.8x one at batch 8: blind units keep the spec's
+    K=4 at batch 1 and decode plain at batch 8, where K=4 had cost them a third of their speed
+    (the records benchmark, docs/choosing-k.md). The spec's K where nothing prices a step,
+    or the grid's smallest K where none is within the bound (K=0 not in the grid)."""
     ks = sorted(k for k in grid if k <= default_k)
     if cost is None or not ks:
         return default_k

@@ -11,12 +11,12 @@ per decode step, ``fill``·K, from its first unit at any K.
 At batch 1 a step costs the row's own nodes, so the domain's step at K is priced at its mean;
 so does a packed step at any batch (``packing``: the products run over the trees' real nodes,
 the CPU's forwards), whose cost follows the nodes its B trees hold together: the profile's
-cell of B rows x the mean. Padded (a GPU's captured graphs), a step of B rows costs the widest
-of B trees, which the mean alone does not fix: it depends on
-how the nodes spread from step to step. Of all spreads with that mean, the widest of B trees
-drawn independently is largest when every tree holds K nodes or none, at K·(1 − (1 − fill)^B)
-(Jensen's inequality: the widest's expectation is ∫ 1 − F(x)^B dx over [0, K], and
-1 − (1 − u)^B is concave in u = 1 − F(x), whose integral is the mean). The price takes that
+cell of B rows x the mean. Padded (a GPU's), a step of B rows costs the widest of B trees,
+which the mean alone does not fix: it depends on how the nodes spread from step to step. Of
+all spreads with that mean, the widest of B trees drawn independently is largest when every
+tree holds K nodes or none, at K·(1 − (1 − fill)^B) (Jensen's inequality: the widest's
+expectation is ∫ 1 − F(x)^B dx over [0, K], and 1 − (1 − u)^B is concave in u = 1 − F(x),
+whose integral is the mean). The price takes that
 bound: the mean itself at batch 1, never below what the padding can cost, never above the
 full K priced before.
 

@@ -80,7 +80,7 @@ class FewRows:
         gate_up, act = x.new_empty(rows, 2 * inter), x.new_empty(rows, inter)
         threads, eps, lib = torch.get_num_threads(), model.eps, self.lib
         px, pcos, psin, ph, pqkv, pgu, pact = _ptrs(x, cos, sin, h, qkv, gate_up, act)
-        padded = qkv if packing is None else packing.unpack(qkv)  # pads stay zeros
+        padded = qkv if packing is None else qkv.new_zeros(b * n, qkv.shape[1])  # pads: zeros
         split = padded.view(b, n, heads + 2 * kv, hd)
         for i in range(len(w.layers)):
             model.tap(i, x if packing else x.view(b, n, dim), packing)

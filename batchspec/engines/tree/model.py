@@ -94,6 +94,10 @@ class TreeModel:
         self.one_row: OneRow | None = None
         """Compiled one-row decoding, when taken (``use_one_row_kernel``)."""
         self.few_rows = FewRows.of(weights) if device == "cpu" else None
+        self.packs = device == "cpu"
+        """Verify forwards run their products over the trees' real nodes (``packing``): on
+        the CPU, where a product costs its rows; on a GPU, at a verify's few rows, a product
+        costs the weights' read whatever the rows, and packing would only add launches."""
         """Forwards of up to ``SMALL_ROWS`` rows in C (``fewrows``), where the kernel is built."""
         self.graphs: CudaGraphs | None = None
         """Verify forwards by captured CUDA graphs (``graphs.py``): on by default on a GPU."""
@@ -232,7 +236,7 @@ class TreeModel:
                 return logits
         dev = self.device
         tokens, positions, tree_mask = tokens.to(dev), positions.to(dev), tree_mask.to(dev)
-        packing = Packing.of(sizes, n, dev)
+        packing = Packing.of(sizes, n, dev) if self.packs else None
         return self._forward(slots, tokens, positions, tree_mask, offsets=offsets, packing=packing)
 
     def commit(self, slot: int, nodes: list[int]) -> None:

@@ -243,7 +243,7 @@ def load_or_measure(
         _write(path, known)
     spent = time.perf_counter() - started if missing else 0.0
     table = [[known[(b, n)] for n in nodes] for b in batches]
-    return StepProfile(batches, nodes, table, key, spent, packed=model.graphs is None)
+    return StepProfile(batches, nodes, table, key, spent, packed=model.packs)
 
 
 def _read(path: Path) -> dict[tuple[int, int], float]:
