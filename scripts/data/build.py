@@ -11,6 +11,8 @@
   each asking for the name, age and city as JSON; ``expected`` keeps the true values.
 - ``records``: ``records.parquet`` for ``jobs/synth_records.yaml``: six task templates filled in
   40 times each, shaped like users' synthetic-data jobs (``records.py``).
+- ``stdlib``: ``stdlib.parquet`` for ``jobs/synth_stdlib.yaml``, the held-out set: passages of the
+  Python reference and stdlib functions' source, text the project never wrote (``stdlib.py``).
 
     python scripts/data/build.py prompts            # writes jobs/data/prompts.parquet
     python scripts/data/build.py prompts --check    # exit 1 if the Parquet is not the JSONL's
@@ -93,7 +95,7 @@ def extract() -> pa.Table:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("set", choices=["prompts", "long", "extract", "records"])
+    ap.add_argument("set", choices=["prompts", "long", "extract", "records", "stdlib"])
     ap.add_argument("--jsonl", type=Path, default=DATA / "prompts.jsonl", help="prompts, long")
     ap.add_argument("--out", type=Path, help="default: the set's file in jobs/data/")
     ap.add_argument("--short", type=int, default=40, help="long: rows per short domain")
@@ -109,6 +111,10 @@ def main() -> int:
         from records import build as records
 
         table = records()
+    elif args.set == "stdlib":
+        from stdlib import build as stdlib
+
+        table = stdlib()
     else:
         table = prompts(args.jsonl) if args.set == "prompts" else extract()
     if args.check:
