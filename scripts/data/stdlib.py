@@ -92,7 +92,8 @@ def build(rows: int = ROWS) -> pa.Table:
         "code_explain": [_turns(f"Explain what this function does, step by step.\n\n{s}")
                          for s, _ in code[:rows]],
         "code_docstring": [_turns("Write a docstring for this function. Answer with the "
-                                  f"docstring only.\n\n{bare}") for _, bare in code[rows : 2 * rows]],
+                                  f"docstring only.\n\n{bare}")
+                           for _, bare in code[rows : 2 * rows]],
         "code_tests": [_turns(f"Write two pytest tests for this function.\n\n{s}")
                        for s, _ in code[2 * rows :]],
     }  # fmt: skip
