@@ -6,8 +6,8 @@ One loop, readable in one sitting, after gpt-fast's ``generate.py``::
     every step, for the B rows in flight:
         draft a tree under each row's root      (a drafter: n-gram trie or draft model)
         verify all trees in ONE forward         (tree attention mask, positions by depth)
-        accept per row                          (greedy: longest argmax path; sampled:
-                                                 multi-candidate rejection sampling)
+        accept per row                          (emit.py; greedy: longest argmax path;
+                                                 sampled: multi-candidate rejection sampling)
         keep the accepted path in the KV cache  (KVCache.commit), emit path + bonus token
         finished rows free their slots; a unit whose rows are all done is yielded
 
@@ -34,20 +34,14 @@ import torch
 
 from batchspec.engines import planted
 from batchspec.engines.base import EngineFailure, UnitSource
-from batchspec.engines.tree.accept import (
-    Draws,
-    TorchDraws,
-    accept_greedy,
-    accept_sampled,
-    sample_plain,
-)
+from batchspec.engines.tree.accept import Draws, TorchDraws
 from batchspec.engines.tree.admit import OpenUnit, Prompts, closed, open_unit
 from batchspec.engines.tree.drafting import Ask, Learner, ask_for, learn_row
+from batchspec.engines.tree.emit import Emitter
 from batchspec.engines.tree.load import Target, load_target, max_k, open_drafter
 from batchspec.engines.tree.multi import DraftCosts, DrafterSet, recorded_method
-from batchspec.engines.tree.penalties import open_penalties
 from batchspec.engines.tree.profile import StepProfile, load_or_measure
-from batchspec.engines.tree.rows import Stops, TreeRow, target_probs, top_logprobs
+from batchspec.engines.tree.rows import Stops, TreeRow
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 from batchspec.spec import JobSpec
 from batchspec.spec.tree import TREE, EngineName
@@ -86,7 +80,8 @@ class TreeEngine:
         self.prompts = Prompts(self.model, lambda r: r.drafter if self._drafts(r) else None)
         self.rng = self._generator(spec.model.seed)
         """Rows without a seed of their own draw from this one, in the order they step."""
-        self.planted = planted.planted_on()
+        self.emitter = Emitter(spec.sampling, self.stops, self.logprobs, planted.planted_on())
+        """What a row emits from its logits: the sampling rules (``emit.py``)."""
         self.draws: Callable[[torch.Generator], Draws] = TorchDraws
         """A row's random draws (``accept.Draws``) from its generator, made once per row: every
         token it samples comes from them (tests walk them)."""
@@ -195,19 +190,7 @@ class TreeEngine:
             logits = self._prefill(row, prompt)
         except Exception as exc:
             raise EngineFailure(f"tree engine prefill failed: {exc!r}") from exc
-        row.penalty = open_penalties(req.sampling or self.spec.sampling, prompt, logits)
-        scored = logits.unsqueeze(0)
-        if row.penalty is not None:  # penalties, min_tokens: on what the row samples from
-            scored = row.penalty.apply(scored, None, self.stops.eos_ids)
-        first = sample_plain(scored, row.draws, req.sampling or self.spec.sampling)
-        lps = (
-            top_logprobs(logits.unsqueeze(0), [first], self.logprobs)
-            if self.logprobs is not None
-            else None
-        )
-        row.emit([first], self.stops, lps)
-        if row.penalty is not None:
-            row.penalty.extend([first])
+        first = self.emitter.first(row, prompt, logits)
         if self._drafts(row):
             self.drafter.extend(row.slot, [first])
         self.rows.append(row)
@@ -280,38 +263,16 @@ class TreeEngine:
             self._profile.observe_step([t.size - 1 for t in trees], spent)
 
     def _accept(self, row: TreeRow, tree: DraftTree, logits: torch.Tensor) -> None:
-        """Accept a path of the row's verified tree, keep it in the cache, emit it and the
-        bonus token; counts take only what was emitted (a row may end inside its path)."""
-        s = row.req.sampling or self.spec.sampling
-        scored = logits  # each node penalised along its own path (penalties.py)
-        if row.penalty is not None:
-            scored = row.penalty.apply(logits, tree, self.stops.eos_ids)
-        if self.planted:
-            path = tree.first_path()
-            last = path[-1] if path else 0
-            bonus = sample_plain(scored[last : last + 1], row.draws, s)
-        elif s.temperature == 0:
-            path, bonus = accept_greedy(tree, scored)
-        else:
-            probs = target_probs(scored, s)
-            path, bonus = accept_sampled(tree, probs, row.draws)
-        kept = [0, *path]
-        self.model.commit(row.slot, kept)
-        emitted = [tree.tokens[i] for i in path] + [bonus]
-        lps = (
-            top_logprobs(logits[kept], emitted, self.logprobs)
-            if self.logprobs is not None
-            else None
-        )
-        n = row.emit(emitted, self.stops, lps)
-        if row.penalty is not None:
-            row.penalty.extend(emitted[:n])
+        """Accept a path of the row's verified tree (``emit.Emitter``), keep it in the cache;
+        counts take only what was emitted (a row may end inside its path)."""
+        got = self.emitter.step(row, tree, logits)
+        self.model.commit(row.slot, got.kept)
         cap = min(row.k, self._depth_cap(row))
-        row.count_step(tree.size - 1, max(tree.depths()), len(path), n, cap)
+        row.count_step(tree.size - 1, max(tree.depths()), len(got.kept) - 1, got.counted, cap)
         if row.finish is not None:
             self._finish(row)
         elif self._drafts(row):
-            self.drafter.extend(row.slot, emitted)
+            self.drafter.extend(row.slot, got.emitted)
 
     def _depth_cap(self, row: TreeRow) -> int:
         tree_spec = self.spec.speculative.tree
