@@ -8,7 +8,8 @@ verify costs at batch 1"). This is the GEMM micro-kernel those products lack, fo
 the weight matrix packed once into panels of 8 output columns ([out / 8, in, 8], streamed
 front to back), three panels at a time for up to 4 rows (12 accumulator registers: enough
 independent multiply-adds to hide their latency; each row's input broadcast from L1), the
-weights prefetched ahead, and every further 4 rows reading a block of them again from L1.
+weights prefetched ahead, and further passes of up to 4 rows reading a block of them again
+from L1 while the next block is fetched.
 Written in C with AVX2 and FMA, compiled at first use with the machine's C compiler into the
 user's cache, and threaded over panels by the OpenMP runtime torch already loaded (one pool,
 torch's thread count). Where it cannot be built (no compiler, no AVX2, not x86) ``load`` says
@@ -45,6 +46,8 @@ SOURCE = r"""
 #include <math.h>
 #include <stddef.h>
 
+#define BLOCK 64 /* k per block: 3 panels' weights of a block (6 KB) stay in L1 for rows 5- */
+
 /* y[i][nb..nb+8) = sum_k x[i][k] * W[n][k], M <= 8 rows, one panel: the tail of a matrix whose
    panels do not come in threes. */
 static inline __attribute__((always_inline)) void panel(
@@ -63,9 +66,10 @@ static inline __attribute__((always_inline)) void panel(
 /* Three panels (24 columns from nb) for M <= 4 rows over k in [k0, k1), continuing the sums
    already in y when k0 > 0: 12 accumulators, so 12 multiply-add chains hide their latency
    where one panel's M chains did not, and 7 loads feed 12 multiply-adds (9 fed 8). With
-   `fetch`, the weights are prefetched 1 KB ahead, a cache line every other k: they stream
-   once a step and arrive while the multiply-adds run (a non-temporal hint: nothing reads them
-   again this step; a prefetch past the end never faults). */
+   `fetch`, the weights are prefetched a cache line every other k (a non-temporal hint:
+   nothing reads them again this step; a prefetch past the end never faults): 1 KB ahead when
+   the pass streams them from memory (fetch 1), the next block's when the pass reads this
+   block again from L1 (fetch 2), so that memory keeps streaming while rows 5-8 multiply. */
 static inline __attribute__((always_inline)) void panels3(
     const int M, const float *x, const float *p, float *y, int K, int N, int nb, int k0,
     int k1, int fetch) {
@@ -79,9 +83,10 @@ static inline __attribute__((always_inline)) void panels3(
   const float *w0 = p + (size_t)nb * K, *w1 = w0 + (size_t)8 * K, *w2 = w1 + (size_t)8 * K;
   for (int k = k0; k < k1; k++) {
     if (fetch && (k & 1) == 0) {
-      _mm_prefetch((const char *)(w0 + (size_t)k * 8 + 256), _MM_HINT_NTA);
-      _mm_prefetch((const char *)(w1 + (size_t)k * 8 + 256), _MM_HINT_NTA);
-      _mm_prefetch((const char *)(w2 + (size_t)k * 8 + 256), _MM_HINT_NTA);
+      const size_t ahead = fetch == 1 ? 256 : (size_t)BLOCK * 8;
+      _mm_prefetch((const char *)(w0 + (size_t)k * 8 + ahead), _MM_HINT_NTA);
+      _mm_prefetch((const char *)(w1 + (size_t)k * 8 + ahead), _MM_HINT_NTA);
+      _mm_prefetch((const char *)(w2 + (size_t)k * 8 + ahead), _MM_HINT_NTA);
     }
     const __m256 v0 = _mm256_loadu_ps(w0 + (size_t)k * 8);
     const __m256 v1 = _mm256_loadu_ps(w1 + (size_t)k * 8);
@@ -106,23 +111,25 @@ static inline __attribute__((always_inline)) void panels3(
     case 2: panels3(2, x, p, y, K, N, nb, k0, k1, fetch); break;      \
     case 3: panels3(3, x, p, y, K, N, nb, k0, k1, fetch); break;      \
     case 4: panels3(4, x, p, y, K, N, nb, k0, k1, fetch); break; }
-#define BLOCK 64 /* k per block: 3 panels' weights of a block (6 KB) stay in L1 for rows 5- */
 
 /* x [M, K] and y [M, N] row-major, p the packed weights [N / 8, K, 8]. Per group of three
-   panels and block of k, rows 0-3 stream the weights from memory and every further 4 rows
-   read them again from L1, so the weights stream once whatever M (passes of 8 rows streamed
-   them once a pass: 12 rows cost 1.7x 8); the panels left over one at a time, 8 rows at a
-   time. */
+   panels and block of k, the rows in passes of at most 4, as even as they divide (9 rows:
+   3 + 3 + 3, whose multiply-adds hide their latency as well as 4 + 4 + 1's and waste no pass
+   on one row's loads): the first pass streams the weights from memory, the second prefetches
+   the next block's while it reads this one again from L1, the rest read L1 alone; so the
+   weights stream once whatever M (passes of 8 rows streamed them once a pass: 12 rows cost
+   1.7x 8). The panels left over one at a time, 8 rows at a time. */
 void smallm(const float *x, const float *p, float *y, int M, int K, int N, int threads) {
-  const int groups = N / 24;
+  const int groups = N / 24, passes = (M + 3) / 4;
   _Pragma("omp parallel for schedule(static) num_threads(threads)")
   for (int g = 0; g < groups; g++) {
     const int nb = g * 24;
     for (int k0 = 0; k0 < K; k0 += BLOCK) {
       const int k1 = k0 + BLOCK < K ? k0 + BLOCK : K;
-      for (int m0 = 0; m0 < M; m0 += 4) {
-        const int m = M - m0 < 4 ? M - m0 : 4;
-        UP_TO_4(m, x + (size_t)m0 * K, y + (size_t)m0 * N, m0 == 0)
+      for (int j = 0, m0 = 0; j < passes; j++) {
+        const int m = (M - m0) / (passes - j);
+        UP_TO_4(m, x + (size_t)m0 * K, y + (size_t)m0 * N, j == 0 ? 1 : j == 1 ? 2 : 0)
+        m0 += m;
       }
     }
   }
