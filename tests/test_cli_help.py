@@ -89,3 +89,14 @@ def test_helps_send_the_reader_to_docs_that_exist() -> None:
     table = (root / "README.md").read_text().split("## Commands")[1].split("\n\n")[1]
     for name in main.commands:
         assert f"| `batchspec {name}" in table, name
+
+
+def test_commands_ask_torch_for_huge_pages_unless_told_otherwise(monkeypatch) -> None:
+    """The group sets THP_MEM_ALLOC_ENABLE before any command imports torch (a plain step
+    ~5 % faster on the CPU); a value in the environment is kept."""
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    assert CliRunner().invoke(main, ["validate", "-h"]).exit_code == 0
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    assert CliRunner().invoke(main, ["validate", "-h"]).exit_code == 0
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"
