@@ -82,13 +82,19 @@ class KVCache:
         self.k[layer][step.rows, :, step.cols] = k
         self.v[layer][step.rows, :, step.cols] = v
 
-    def read(self, layer: int, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [B, kv_heads, span, head_dim] of the step's slots."""
-        k, v = self.k[layer, :, :, : step.span], self.v[layer, :, :, : step.span]
+    def read(
+        self, layer: int, step: Step, start: int = 0, end: int | None = None, span: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [rows, kv_heads, span, head_dim] of the step's rows ``start:end``
+        (all of them by default) over the first ``span`` positions (0: the step's)."""
+        end = step.slots.numel() if end is None else end
+        span = span or step.span
+        k, v = self.k[layer, :, :, :span], self.v[layer, :, :, :span]
         if step.first is not None:
-            end = step.first + step.slots.numel()
-            return k[step.first : end], v[step.first : end]
-        return k.index_select(0, step.slots), v.index_select(0, step.slots)
+            window = slice(step.first + start, step.first + end)
+            return k[window], v[window]
+        slots = step.slots[start:end]
+        return k.index_select(0, slots), v.index_select(0, slots)
 
     def mask(self, step: Step, tree_mask: torch.Tensor, group: int) -> torch.Tensor:
         """Bool [B, 1, group*N, span]: node i of row b sees the row's prefix [0, cache_len) and

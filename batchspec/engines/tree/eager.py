@@ -1,7 +1,8 @@
 """The tree engine's forward in PyTorch ops: every layer and the head over a forward's new
 positions, for whatever ``fewrows`` (up to 64 rows in C on the CPU) and ``onerow`` (a compiled
 single row) do not serve, and inside each captured CUDA graph (``graphs``). With a ``Packing``
-the products run over the trees' real nodes alone and attention keeps the padded layout.
+the products run over the trees' real nodes alone and attention over runs of rows at each
+run's widest tree (``attention``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from batchspec.engines.tree.attention import Run
 from batchspec.engines.tree.cache import Step
 from batchspec.engines.tree.packing import Packing
 from batchspec.engines.tree.weights import Layer
@@ -35,11 +37,12 @@ def eager_forward(
     mask = model.cache.mask(step, tree_mask, model.group)
     if additive:
         mask = torch.zeros_like(mask, dtype=model.dtype).masked_fill_(~mask, float("-inf"))
+    runs = model.attend.runs(step, mask, None if packing is None else packing.sizes)
     cos, sin = model.rope[:, positions].unsqueeze(3)
     x = model.weights.embedding(tokens if packing is None else packing.pack(tokens))
     for i, layer in enumerate(model.weights.layers):
         model.tap(i, x, packing)
-        x = _layer(model, i, layer, x, step, mask, cos, sin, packing)
+        x = _layer(model, i, layer, x, step, runs, cos, sin, packing)
     model.tap(len(model.weights.layers), x, packing)
     if last_only:
         x = x[:, -1:]
@@ -54,20 +57,20 @@ def _layer(
     layer: Layer,
     x: torch.Tensor,
     step: Step,
-    mask: torch.Tensor,
+    runs: list[Run],
     cos: torch.Tensor,
     sin: torch.Tensor,
     packing: Packing | None = None,
 ) -> torch.Tensor:
     """One decoder layer: attention of the new nodes over the cache (their KV written first;
-    packed nodes attend in the padded layout, their pads zeros: ``packing``) and the SiLU
-    MLP, each behind an RMSNorm and a residual."""
+    packed nodes attend in the padded layout, one call per run of ``runs``, their pads zeros:
+    ``packing``) and the SiLU MLP, each behind an RMSNorm and a residual."""
     b, n = step.rows.shape
     heads, kv_heads = model.cfg.num_attention_heads, model.cfg.num_key_value_heads
     qkv = layer.qkv(model.ops.rms_norm(x, layer.attn_norm, model.eps))
     qkv = (qkv if packing is None else packing.unpack(qkv)).view(b, n, -1, model.cfg.head_dim)
     qk, v = qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
-    o = model.attend(index, model.ops.rope(qk, cos, sin), v, step, mask)
+    o = model.attend(index, model.ops.rope(qk, cos, sin), v, step, runs)
     attended = layer.out(o if packing is None else packing.pack(o))
     x, h = model.ops.add_rms_norm(x, attended, layer.mlp_norm, model.eps)
     return x + layer.down(model.ops.silu_mul(layer.gate_up(h)))

@@ -70,6 +70,7 @@ class FewRows:
         dim, inter = cfg.hidden_size, cfg.intermediate_size
         step = model.cache.step(slots, n, offsets)
         mask = model.cache.mask(step, tree_mask, model.group)
+        runs = model.attend.runs(step, mask, None if packing is None else packing.sizes)
         if packing is not None:
             tokens, positions = packing.pack(tokens), packing.pack(positions)
         rows = tokens.numel()
@@ -91,7 +92,7 @@ class FewRows:
             )  # fmt: skip
             if packing is not None:
                 padded.view(b * n, -1).index_copy_(0, packing.index, qkv)
-            o = model.attend(i, split[:, :, : heads + kv], split[:, :, heads + kv :], step, mask)
+            o = model.attend(i, split[:, :, : heads + kv], split[:, :, heads + kv :], step, runs)
             o = o.contiguous() if packing is None else packing.pack(o)  # held until the call
             (po,) = _ptrs(o)  # returns: C reads its address
             lib.layer_post(

@@ -98,14 +98,14 @@ class OneRow:
         """``model``'s forward of one row and one position (``TreeModel._forward``'s
         contract) by these regions, attention eager between them."""
         step = model.cache.step(slots, 1, offsets)
-        mask = model.cache.mask(step, tree_mask, model.group)
+        runs = model.attend.runs(step, model.cache.mask(step, tree_mask, model.group))
         cfg, w = model.cfg, model.weights
         heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         cos, sin = model.rope[:, positions].reshape(2, 1, hd)
         x = w.embedding(tokens).view(-1)
         for i, layer in enumerate(w.layers):
             qk, v = self.pre(x, layer.attn_norm, layer.qkv.w, cos, sin, model.eps, heads, kv)
-            o = model.attend(i, qk.view(1, 1, heads + kv, hd), v.view(1, 1, kv, hd), step, mask)
+            o = model.attend(i, qk.view(1, 1, heads + kv, hd), v.view(1, 1, kv, hd), step, runs)
             rest = (layer.out.w, layer.mlp_norm, layer.gate_up.w, layer.down.w)
             x = self.post(x, o.view(-1), *rest, model.eps)
         return self.head(x, w.norm, w.head.w, model.eps).view(1, 1, -1)

@@ -6,10 +6,11 @@ repeats. Padded to the widest (``shape.batch_layout``), one row at K=4 among sev
 rows made every row's step a 5-node verify: 40 rows of products where 12 are real, 3.3x a
 plain step at batch 8 on this CPU where 12 rows cost ~1.3x (docs/trees.md). The products, the
 norms and the MLP do not care which row a node belongs to, so they run over the real nodes
-alone, packed; only attention (cache writes, each row's prefix and ancestor mask) keeps the
-padded [B, N] layout, and the padding it attends for is zeros that nothing reads: a pad
-node's K and V land in scratch positions past its row's tree, never committed, and its
-logits are zeros the engine never looks at (it reads ``logits[b, : tree.size]``).
+alone, packed; only attention's inputs (cache writes, each row's prefix and ancestor mask)
+keep the padded [B, N] layout, a pad node's K and V landing in scratch positions past its
+row's tree, never committed, and its logits zeros the engine never looks at (it reads
+``logits[b, : tree.size]``). Attention itself runs over contiguous runs of rows, each at its
+own widest tree (``attention.TreeAttention.runs``), so a pad costs a query only inside a run.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class Packing:
     """Long [T]: the flat position b·N + i of every real node, in row order."""
     batch: int
     nodes: int
+    sizes: list[int]
+    """Each row's real nodes, root included: attention cuts its calls by them
+    (``attention.TreeAttention.runs``)."""
 
     @classmethod
     def of(cls, sizes: Sequence[int] | None, nodes: int, device: str) -> Packing | None:
@@ -38,7 +42,7 @@ class Packing:
         if any(not 0 < s <= nodes for s in sizes):
             raise ValueError(f"tree sizes {list(sizes)} must lie in 1..{nodes}")
         flat = [b * nodes + i for b, size in enumerate(sizes) for i in range(size)]
-        return cls(torch.tensor(flat, device=device), len(sizes), nodes)
+        return cls(torch.tensor(flat, device=device), len(sizes), nodes, list(sizes))
 
     @property
     def rows(self) -> int:

@@ -16,7 +16,7 @@ what the profile says that cell costs, and the run's own figures win where they 
   which for a cell of whole trees is its mean measured step (a packed step, whose trees hold
   a mean of nodes between two cells, counts in the one above). The profile's shape is wrong
   there: a kernel that suffers more from contention, drafting that costs more than the
-  forward's share, a packed batch's attention padded to its widest tree;
+  forward's share, a packed batch's attention over rows of unequal trees and contexts;
 - otherwise the profile is left alone: noise does not move prices.
 
 Only the run keeps these figures: the cache holds synthetic forwards at a fixed context, one
