@@ -10,12 +10,10 @@ import math
 import random
 
 import pytest
-import torch
-from support.tiny_model import TINY_TIED
+from support.tiny_model import prefilled
 
 from batchspec.engines.tree import attention, smallm
 from batchspec.engines.tree.attention import CALL_US, KEY_US, NODE_KEY_US, partition
-from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.shape import DraftTree, batch_layout
 
 PROMPTS = [[5, 9, 2, 7, 1, 3, 3, 8, 1], [3, 8], [4, 4, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]]
@@ -63,14 +61,6 @@ def test_partition_keeps_like_rows_together_and_cuts_off_a_wide_tree_or_a_long_c
     assert partition([400, 401], [2, 1]) == [(0, 2, 2, 403)]  # a call costs more than that
 
 
-def model_with(rows: int) -> TreeModel:
-    torch.manual_seed(0)
-    model = TreeModel.random(TINY_TIED, torch.float32, "cpu", max_batch=rows, max_len=64)
-    for slot, prompt in enumerate(PROMPTS[:rows]):
-        model.prefill(slot, prompt)
-    return model
-
-
 class Calls:
     """``TreeAttention.runs``, recording the runs of every forward."""
 
@@ -99,7 +89,7 @@ def test_a_verify_cut_into_runs_gives_one_calls_logits(
     ]
     logits = {}
     for free in (False, True):
-        model = model_with(4)
+        model = prefilled(PROMPTS)
         if not c_forward:
             model.few_rows = None
         if free:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.tiny_model import TINY_TIED
+from support.tiny_model import TINY_TIED, prefilled
 
 from batchspec.engines.tree import smallm
 from batchspec.engines.tree.eagle_head import TappedModel
@@ -25,11 +25,7 @@ def chain(root: int, length: int) -> DraftTree:
 
 
 def model_with(rows: int) -> TreeModel:
-    torch.manual_seed(0)
-    model = TreeModel.random(CONFIG, torch.float32, "cpu", max_batch=rows, max_len=64)
-    for slot, prompt in enumerate(PROMPTS[:rows]):
-        model.prefill(slot, prompt)
-    return model
+    return prefilled(PROMPTS[:rows])
 
 
 def both(model: TreeModel, trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:

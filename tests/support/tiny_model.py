@@ -12,3 +12,17 @@ TINY_TIED = {
     "max_position_embeddings": 64,
     "tie_word_embeddings": True,
 }
+
+
+def prefilled(prompts: list[list[int]], max_len: int = 64):
+    """A float32 tree model of ``TINY_TIED`` on the CPU (seed 0), a slot per prompt, each
+    prompt prefilled into its slot."""
+    import torch
+
+    from batchspec.engines.tree.model import TreeModel
+
+    torch.manual_seed(0)
+    model = TreeModel.random(TINY_TIED, torch.float32, "cpu", len(prompts), max_len)
+    for slot, prompt in enumerate(prompts):
+        model.prefill(slot, prompt)
+    return model

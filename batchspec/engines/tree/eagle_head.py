@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
+from batchspec.engines.tree.forward import Forward
 from batchspec.engines.tree.model import TreeModel
 from batchspec.engines.tree.ops import rms_norm
 from batchspec.engines.tree.packing import Packing
@@ -267,11 +268,11 @@ class TappedModel(TreeModel):
             self._kept[slot] = self.tapped[self._slots.index(slot), nodes]
         super().commit(slot, nodes)
 
-    def _forward(self, slots: list[int], tokens: torch.Tensor, *args: Any, **kw: Any) -> Any:
+    def _forward(self, fwd: Forward) -> torch.Tensor:
         self._seen = {}
-        out = super()._forward(slots, tokens, *args, **kw)
+        out = super()._forward(fwd)
         self.tapped = torch.cat([self._seen[i] for i in self.taps], -1) if self.taps else None
-        self._slots = list(slots)
+        self._slots = list(fwd.slots)
         if self._parts is not None and self.tapped is not None:
             self._parts.append(self.tapped)
         return out

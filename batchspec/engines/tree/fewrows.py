@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batchspec.engines.tree.packing import Packing
 from batchspec.engines.tree.weights import Weights
 
 if TYPE_CHECKING:
+    from batchspec.engines.tree.forward import Forward
     from batchspec.engines.tree.model import TreeModel
 
 
@@ -51,25 +51,16 @@ class FewRows:
             return None
         return cls(weights, panels[0].lib)
 
-    def forward(
-        self,
-        model: TreeModel,
-        slots: list[int],
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        tree_mask: torch.Tensor,
-        offsets: list[int] | None,
-        last_only: bool,
-        packing: Packing | None = None,
-    ) -> torch.Tensor:
+    def forward(self, model: TreeModel, fwd: Forward) -> torch.Tensor:
         """``model``'s forward of B rows x N positions (``TreeModel._forward``'s contract);
-        with ``packing``, every product over the real nodes alone (``packing``)."""
+        with ``fwd.packing``, every product over the real nodes alone (``packing``)."""
+        tokens, positions, packing = fwd.tokens, fwd.positions, fwd.packing
         b, n = tokens.shape
         cfg, w = model.cfg, self.weights
         heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         dim, inter = cfg.hidden_size, cfg.intermediate_size
-        step = model.cache.step(slots, n, offsets)
-        mask = model.cache.mask(step, tree_mask, model.group)
+        step = model.cache.step(fwd.slots, n, fwd.offsets)
+        mask = model.cache.mask(step, fwd.tree_mask, model.group)
         runs = model.attend.runs(step, mask, None if packing is None else packing.sizes)
         if packing is not None:
             tokens, positions = packing.pack(tokens), packing.pack(positions)
@@ -100,12 +91,12 @@ class FewRows:
                 rows, dim, heads * hd, inter, threads,
             )  # fmt: skip
         model.tap(len(w.layers), x if packing else x.view(b, n, dim), packing)
-        if last_only:
+        if fwd.last_only:
             x = x[-1:]
         logits = w.head(model.ops.rms_norm(x, w.norm, eps)).float()
         if packing is not None:
             return packing.unpack(logits)
-        return logits.view(b, -1 if last_only else n, cfg.vocab_size)
+        return logits.view(b, -1 if fwd.last_only else n, cfg.vocab_size)
 
 
 def _ptrs(*tensors: torch.Tensor) -> list[int]:

@@ -45,6 +45,7 @@ from batchspec.engines.tree.cache import Step
 from batchspec.engines.tree.eager import eager_forward
 
 if TYPE_CHECKING:
+    from batchspec.engines.tree.forward import Forward
     from batchspec.engines.tree.model import TreeModel
 
 SPAN_MIN = 128
@@ -151,23 +152,16 @@ class CudaGraphs:
         self.failed: str | None = None
         """Why capturing failed (every forward is eager from then on), else None."""
 
-    def forward(
-        self,
-        slots: list[int],
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        tree_mask: torch.Tensor,
-        last_only: bool = False,
-    ) -> torch.Tensor | None:
+    def forward(self, fwd: Forward) -> torch.Tensor | None:
         """``TreeModel.verify``'s logits [B, N, vocab] by the step's bucket ([B, 1, vocab] of
-        the last node with ``last_only``: a prefill chunk's); None: run it eagerly (no bucket
-        fits, or capturing failed)."""
-        m = self.model
+        the last node with ``fwd.last_only``: a prefill chunk's); None: run it eagerly (no
+        bucket fits, or capturing failed). Offsets and packing are the eager path's."""
+        m, slots, tokens = self.model, fwd.slots, fwd.tokens
         bucket = plan(slots, tokens.shape[1], m.cache.lens, m.max_batch, m.max_len)
         if bucket is None or self.failed is not None:
             self.eager += 1
             return None
-        host = (tokens.cpu(), positions.cpu(), tree_mask.cpu())
+        host = (tokens.cpu(), fwd.positions.cpu(), fwd.tree_mask.cpu())
         ints, mask = pad(bucket, slots, *host, m.cache.lens)
         entry = self.buckets.get(bucket)
         if entry is None:
@@ -180,7 +174,7 @@ class CudaGraphs:
         entry.run()
         self.replays += 1
         b, n = tokens.shape
-        return entry.out[:b, n - 1 if last_only else 0 : n].clone()
+        return entry.out[:b, n - 1 if fwd.last_only else 0 : n].clone()
 
     def _build(self, bucket: Bucket, ints: torch.Tensor, mask: torch.Tensor) -> Captured | None:
         """A bucket's buffers (filled with this step's inputs) and, on a GPU, its graph:

@@ -36,6 +36,7 @@ from batchspec.engines.tree.attention import TreeAttention
 from batchspec.engines.tree.cache import KVCache
 from batchspec.engines.tree.eager import eager_forward
 from batchspec.engines.tree.fewrows import FewRows
+from batchspec.engines.tree.forward import Forward
 from batchspec.engines.tree.graphs import CudaGraphs
 from batchspec.engines.tree.onerow import OneRow
 from batchspec.engines.tree.packing import Packing
@@ -193,13 +194,11 @@ class TreeModel:
             n = chunk.shape[1]
             positions = self.cache.arange[start : start + n].unsqueeze(0)
             mask = self._causal[:n, :n].unsqueeze(0)
-            logits = (
-                None
-                if self.graphs is None
-                else self.graphs.forward([slot], chunk, positions, mask, last_only=True)
-            )  # one replay on a GPU where eager launches every kernel of every layer
+            fwd = Forward([slot], chunk, positions, mask, last_only=True)
+            # one replay on a GPU where eager launches every kernel of every layer
+            logits = None if self.graphs is None else self.graphs.forward(fwd)
             if logits is None:
-                logits = self._forward([slot], chunk, positions, mask, last_only=True)
+                logits = self._forward(fwd)
             self.cache.lens[slot] += n
         return logits[0, -1]
 
@@ -232,13 +231,13 @@ class TreeModel:
                 f"{tuple(positions.shape)}, tree_mask {tuple(tree_mask.shape)} do not agree"
             )
         if self.graphs is not None and not offsets:
-            logits = self.graphs.forward(slots, tokens, positions, tree_mask)
+            logits = self.graphs.forward(Forward(slots, tokens, positions, tree_mask))
             if logits is not None:
                 return logits
         dev = self.device
         tokens, positions, tree_mask = tokens.to(dev), positions.to(dev), tree_mask.to(dev)
         packing = Packing.of(sizes, n, dev) if self.packs else None
-        return self._forward(slots, tokens, positions, tree_mask, offsets=offsets, packing=packing)
+        return self._forward(Forward(slots, tokens, positions, tree_mask, offsets, packing=packing))
 
     def commit(self, slot: int, nodes: list[int]) -> None:
         """Keep the path ``nodes`` (root 0 first, depth order) of the slot's last verify."""
@@ -256,26 +255,17 @@ class TreeModel:
         """Move a row from slot ``src`` to the free slot ``dst`` (``KVCache.move``)."""
         self.cache.move(src, dst)
 
-    def _forward(
-        self,
-        slots: list[int],
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        tree_mask: torch.Tensor,
-        last_only: bool = False,
-        offsets: list[int] | None = None,
-        packing: Packing | None = None,
-    ) -> torch.Tensor:
-        """Run the layers over [B, N] new positions (their real nodes: ``packing``); logits
-        of all of them or the last one."""
-        rows = tokens.numel() if packing is None else packing.rows
+    def _forward(self, fwd: Forward) -> torch.Tensor:
+        """Run the layers over [B, N] new positions (their real nodes: ``fwd.packing``);
+        logits of all of them or the last one, by the fastest path that serves the shape."""
+        rows = fwd.tokens.numel() if fwd.packing is None else fwd.packing.rows
         if self.few_rows is not None and rows <= SMALL_ROWS:
-            args = (slots, tokens, positions, tree_mask, offsets, last_only, packing)
-            return self.few_rows.forward(self, *args)
-        if self.one_row is not None and tokens.numel() == 1:
-            return self.one_row.forward(self, slots, tokens, positions, tree_mask, offsets)
-        step = self.cache.step(slots, tokens.shape[1], offsets)
-        return eager_forward(self, step, tokens, positions, tree_mask, last_only, packing=packing)
+            return self.few_rows.forward(self, fwd)
+        if self.one_row is not None and fwd.tokens.numel() == 1:
+            return self.one_row.forward(self, fwd)
+        step = self.cache.step(fwd.slots, fwd.tokens.shape[1], fwd.offsets)
+        args = (fwd.tokens, fwd.positions, fwd.tree_mask, fwd.last_only)
+        return eager_forward(self, step, *args, packing=fwd.packing)
 
     def tap(self, index: int, x: torch.Tensor, packing: Packing | None) -> None:
         """The residual stream [B, N, hidden] entering layer ``index`` (the layer count: the

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from batchspec.engines.tree.forward import Forward
     from batchspec.engines.tree.model import TreeModel
 
 Fn = Callable[..., torch.Tensor]
@@ -86,23 +87,15 @@ class OneRow:
         self.post: Fn = torch.compile(_post, dynamic=False)
         self.head: Fn = torch.compile(_head, dynamic=False)
 
-    def forward(
-        self,
-        model: TreeModel,
-        slots: list[int],
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        tree_mask: torch.Tensor,
-        offsets: list[int] | None,
-    ) -> torch.Tensor:
+    def forward(self, model: TreeModel, fwd: Forward) -> torch.Tensor:
         """``model``'s forward of one row and one position (``TreeModel._forward``'s
         contract) by these regions, attention eager between them."""
-        step = model.cache.step(slots, 1, offsets)
-        runs = model.attend.runs(step, model.cache.mask(step, tree_mask, model.group))
+        step = model.cache.step(fwd.slots, 1, fwd.offsets)
+        runs = model.attend.runs(step, model.cache.mask(step, fwd.tree_mask, model.group))
         cfg, w = model.cfg, model.weights
         heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        cos, sin = model.rope[:, positions].reshape(2, 1, hd)
-        x = w.embedding(tokens).view(-1)
+        cos, sin = model.rope[:, fwd.positions].reshape(2, 1, hd)
+        x = w.embedding(fwd.tokens).view(-1)
         for i, layer in enumerate(w.layers):
             qk, v = self.pre(x, layer.attn_norm, layer.qkv.w, cos, sin, model.eps, heads, kv)
             o = model.attend(i, qk.view(1, 1, heads + kv, hd), v.view(1, 1, kv, hd), step, runs)
