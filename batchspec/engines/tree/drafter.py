@@ -184,7 +184,8 @@ class ModelDrafter:
 
     def _extend(self, rows: list[tuple[int, list[int], Growth]]) -> torch.Tensor:
         """One forward of every row's frontier only, behind the nodes fed before (their draft
-        KV stays in scratch): each node sees the prefix, its ancestors and itself."""
+        KV stays in scratch): each node sees the prefix, its ancestors and itself. Frontiers
+        differ in size, so the forward is packed (``packing``: a pad costs no product)."""
         feeds = [g.feed() for _, _, g in rows]
         offsets = [g.used for _, _, g in rows]
         n = max(len(f) for f in feeds)
@@ -200,8 +201,8 @@ class ModelDrafter:
                 positions[b, i] += depth
                 mask[b, i, ancestors] = True
             g.used += len(feed)
-        slots = [s for s, _, _ in rows]
-        logits = self.model.verify(slots, tokens, positions, mask, offsets)
+        slots, sizes = [s for s, _, _ in rows], [len(f) for f in feeds]
+        logits = self.model.verify(slots, tokens, positions, mask, offsets, sizes)
         return logits[..., : self.vocab_size]
 
     def _forward(self, slots: list[int], trees: list[DraftTree]) -> torch.Tensor:
