@@ -149,10 +149,19 @@ def timed(fn: Callable[[], object], reps: int, pick: Callable = statistics.media
     return pick(times)
 
 
-def step_ms(model: Any, rows: int, nodes: int, reps: int, pick: Callable = statistics.fmean):
+def step_ms(
+    model: Any,
+    rows: int,
+    nodes: int,
+    reps: int,
+    pick: Callable = statistics.fmean,
+    sizes: list[int] | None = None,
+):
     """Ms of a tree-engine verify step of ``rows`` x ``nodes`` on a ``TreeModel`` (a chain
     behind each row's cache; the cost does not depend on the shape): ``pick`` of ``reps``
-    timed steps after warm-ups that capture a CUDA graph where the model has them."""
+    timed steps after warm-ups that capture a CUDA graph where the model has them. ``sizes``:
+    each row's chain holds that many nodes of the ``nodes`` (root included), packed as the
+    engine runs unlike rows."""
     import torch
 
     slots = list(range(rows))
@@ -161,7 +170,7 @@ def step_ms(model: Any, rows: int, nodes: int, reps: int, pick: Callable = stati
     tokens = torch.randint(100, model.vocab_size, (rows, nodes))
 
     def step() -> None:  # the host sync (.item()) ends it: wall time is the step's
-        model.verify(slots, tokens, pos, mask)[0, 0].argmax().item()
+        model.verify(slots, tokens, pos, mask, sizes=sizes)[0, 0].argmax().item()
 
     for _ in range(2):  # with timed's warm-up, three: the graph captured by then
         step()

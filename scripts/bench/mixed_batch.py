@@ -17,7 +17,7 @@ import statistics
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch: see engines/tree/model.py
 
 import torch
-from harness import abba, header, options, parser, ratio, timed
+from harness import abba, header, options, parser, ratio, step_ms
 
 from batchspec.engines.tree import attention
 from batchspec.engines.tree.model import TreeModel
@@ -42,21 +42,11 @@ def one_call(base: list[int], sizes: list[int]) -> list[tuple[int, int, int, int
     return [(0, len(base), max(sizes), max(base) + max(sizes))]
 
 
-def step_ms(model: TreeModel, sizes: list[int], contexts: list[int], reps: int) -> float:
-    """Ms of a packed verify step of chains of ``sizes`` nodes behind ``contexts`` cached
-    tokens (median of ``reps``; the host sync ends the step)."""
+def prefilled(model: TreeModel, contexts: list[int]) -> TreeModel:
+    """``model`` with row b's slot holding ``contexts[b]`` synthetic cached tokens."""
     for slot, n in enumerate(contexts):
         model.prefill(slot, [(7 * i + slot) % 30000 + 10 for i in range(n)])
-    b, n = len(sizes), max(sizes)
-    slots = list(range(b))
-    pos = torch.tensor(contexts).unsqueeze(1) + torch.arange(n)
-    mask = torch.ones(n, n, dtype=torch.bool).tril().expand(b, n, n)
-    tokens = torch.randint(100, model.vocab_size, (b, n))
-
-    def step() -> None:
-        model.verify(slots, tokens, pos, mask, sizes=sizes)[0, 0].argmax().item()
-
-    return timed(step, reps) * 1e3
+    return model
 
 
 def main() -> None:
@@ -71,7 +61,8 @@ def main() -> None:
 
         def run(config: str, _round: int, sizes=sizes, contexts=contexts) -> float:
             attention.partition = runs if config == "runs" else one_call
-            return step_ms(model, sizes, contexts, args.reps)
+            b, n = len(sizes), max(sizes)
+            return step_ms(prefilled(model, contexts), b, n, args.reps, statistics.median, sizes)
 
         got = abba(["one call", "runs"], args.rounds, run, lambda _c, ms: f"{ms:.1f} ms")
         cut = [r[:2] for r in runs(contexts, sizes)]
