@@ -2,7 +2,7 @@
 speculation passes the greedy check and the sampled two-sample test; with ``--full``, a
 planted broken sampler (every draft token accepted, ``engines.planted``) fails both. The
 fuller figures (bf16, draft-model speculation, more prompts) come from
-``scripts/checks/verify.py``."""
+``scripts/checks/vllm_methods.py --verify-only --dtype bfloat16``."""
 
 from __future__ import annotations
 

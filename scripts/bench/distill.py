@@ -11,18 +11,31 @@ Embedded model, float32, greedy, CPU, the tree engine; docs/distill.md has the f
 
 The last line: ``head: mean tokens per verify step X at 8 nodes (n-gram trees Y), tree engine
 with head / plain: Z at batch 1``.
+
+- D3, ``--curve``: how the head's acceptance grows with data: ``batchspec distill`` of the job's
+  committed rows at each training size, every head measured on the same held-out rows (the
+  job's fixed fraction); per size, training rows and tokens, wall time, the last epoch's loss
+  and top-1 agreement at depth 1, and tokens per verify step on the held-out rows at 4 and 8
+  nodes, the head's beside n-gram trees'. The last lines fit tokens per step at 8 nodes against
+  log10(training tokens) and extrapolate to a job of ``--rows-per-job`` rows (over orders of
+  magnitude, stated as such).
+
+    .venv/bin/python scripts/bench/distill.py --job jobs/synth_data.yaml --output /tmp/d3/out \\
+        --curve 40,80,160,320 --epochs 6
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from harness import JOBS, abba, header, ints, options, parser, timed
+from harness import JOBS, abba, cli, flags, header, ints, options, parser, timed
 from tree_lib import Run, Sample, Tally, committed, differ, per_step, run, variant
 
 from batchspec.engines.tree.drafter import ModelDrafter, growth_scratch
@@ -40,10 +53,11 @@ def parse() -> argparse.Namespace:
     """--head: the head (default OUTPUT/drafts/eagle3); --holdout: as distill was run; --depth:
     the deepest draft node; --skip: the layers the self-draft skips; --self-rows: self-draft
     rows per domain; --rows: held-out prompts run per batch size; --lookup: n-gram bounds,
-    min,max (every n-gram draft)."""
+    min,max (every n-gram draft); --curve: training rows of D3's heads, --epochs and --vocab
+    theirs, --rows-per-job the size of its extrapolation's job."""
     ap = parser(__doc__, job=str(JOBS / "synth_tree.yaml"), head=None, holdout=0.1, depth=6)
     options(ap, skip="10,12,14,16,18,20", self_rows=2, batches="1,8,16", rows=16, max_tokens=64)
-    options(ap, lookup="1,4")
+    options(ap, lookup="1,4", curve=None, epochs=6, vocab=4096, rows_per_job=100_000)
     ap.add_argument("--output", required=True, help="the job's output directory")
     return ap.parse_args()
 
@@ -122,7 +136,7 @@ def d2(a: argparse.Namespace, held: list[Row], head_dir: Path, spec) -> dict[int
     """Tokens/s of plain, n-gram and head trees per batch size; head / plain per batch."""
     rows = held[: a.rows]
     reqs = [RowRequest(i, r.row_id, r.domain, {}, r.prompt) for i, r in enumerate(rows)]
-    smp = Sample(WorkUnit(0, "held-out", 0, len(reqs), None, len(reqs)), reqs, [])
+    smp = Sample(WorkUnit(0, "held-out", 0, len(reqs), None, len(reqs)), reqs)
     ratios, tree = {}, {"max_depth": a.depth}
     head = {"method": "eagle3", "model": str(head_dir)}
     for batch in ints(a.batches):
@@ -190,9 +204,47 @@ def per_depth(head_dir: Path, spec) -> None:
           f"{c_ms:.2f} ms {how}")  # fmt: skip
 
 
+def curve_point(a: argparse.Namespace, rows: int) -> dict:
+    """D3: one ``distill`` at ``rows`` training rows (its own head directory), its table row
+    printed; its record, with the head's tokens per step at 8 nodes (``at8``)."""
+    name = f"curve-{rows}-e{a.epochs}"
+    sizes = flags(train_rows=rows, epochs=a.epochs, vocab=a.vocab)
+    _, took = cli("distill", a.job, *flags(output=a.output, name=name), *sizes, check=True)
+    r = json.loads((Path(a.output) / "drafts" / name / "record.json").read_text())
+    at = {f"{who}@{n}": statistics.fmean(d[n][who] for d in r["held_out"].values())
+          for n in ("4", "8") for who in ("head", "ngram")}  # fmt: skip
+    last = r["epochs"][-1]
+    print(f"| {r['rows']['train']} | {r['tokens']['train']} | {took:.0f} | {last['loss']:.2f} "
+          f"| {last['top1_agreement'][0]:.2f} | {at['head@4']:.2f} | {at['ngram@4']:.2f} "
+          f"| {at['head@8']:.2f} | {at['ngram@8']:.2f} |", flush=True)  # fmt: skip
+    return r | {"at8": at["head@8"]}
+
+
+def curve(a: argparse.Namespace) -> None:
+    """D3: a point per training size, then the fit against log10(training tokens)."""
+    cols = "train rows | train tokens | wall s | loss | top-1 d1 | head@4 | ngram@4 | head@8"
+    print(f"| {cols} | ngram@8 |\n" + "|---" * 9 + "|")
+    points = [curve_point(a, n) for n in ints(a.curve)]
+    r = points[-1]
+    print(
+        f"held out: {r['rows']['held_out']} rows, domains {', '.join(r['held_out'])}; "
+        f"{a.epochs} epochs, draft vocabulary {a.vocab}; peak RSS {r['peak_rss_mb']} MB"
+    )
+    if len(points) >= 2:
+        xs = [math.log10(p["tokens"]["train"]) for p in points]
+        slope, icpt = statistics.linear_regression(xs, [p["at8"] for p in points])
+        per_row = statistics.fmean(p["tokens"]["train"] / p["rows"]["train"] for p in points)
+        job = per_row * a.rows_per_job
+        print(f"fit: head tokens per step at 8 nodes = {icpt:.2f} + {slope:.3f} * log10(train "
+              f"tokens); at {a.rows_per_job:,} rows ({job:.2g} tokens): "
+              f"{icpt + slope * math.log10(job):.2f} (an extrapolation)")  # fmt: skip
+
+
 def main() -> None:
     a = parse()
     header()
+    if a.curve:
+        return curve(a)
     spec, rows, held = committed(a.job, a.output, a.holdout, overrides(a))
     head_dir = Path(a.head or Path(a.output) / "drafts" / "eagle3")
     print(f"{len(held)} held-out rows of {len(rows)}; head {head_dir}", flush=True)

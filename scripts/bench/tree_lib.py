@@ -1,6 +1,6 @@
-"""What the tree engine's benchmarks share (``distill.py``, ``step_profile.py``): the prompt
-sample, job variants, one timed engine run, the figures drawn from its rows (tokens/s, tokens
-per verify step, greedy identity), drafters replayed (``Tally``).
+"""What the distilled head's benchmark (``distill.py``) draws on, apart from what it measures:
+the rows every configuration runs, job variants, one timed engine run, the figures drawn from
+its rows (tokens/s, tokens per verify step, greedy identity), drafters replayed (``Tally``).
 
 Everything runs through ``open_engine`` and ``Engine.run``, the calls the worker makes, so the
 tree engine and vLLM are timed the same way: from the first unit handed over to the last
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchspec.engines import open_engine
-from batchspec.measure.verify import build_requests, pick_rows, run_rows
+from batchspec.measure.verify import run_rows
 from batchspec.spec import JobSpec
 from batchspec.spec.tree import TreeSpec
 from batchspec.units import RowRequest, RowResult
@@ -22,21 +22,10 @@ from batchspec.units import RowRequest, RowResult
 
 @dataclass
 class Sample:
-    """The prompts every configuration runs: the first rows of each domain, in domain order."""
+    """The rows every configuration runs, as one unit."""
 
     unit: Any
     rows: list[RowRequest]
-    domains: list[str]
-
-
-def sample(spec: JobSpec, per_domain: int) -> Sample:
-    """``per_domain`` rows of every domain of the job's input (verify's row picking)."""
-    from batchspec.io.checks import preflight
-
-    domains = sorted(str(d) for d in preflight(spec).domains())
-    units, quota, tokenizer = pick_rows(spec, per_domain * len(domains))
-    rows = build_requests(spec, units, quota, tokenizer, spec.model.max_model_len or 2048)
-    return Sample(units[0], rows, domains)
 
 
 def variant(spec: JobSpec, batch: int, tree: dict[str, Any] | None, **speculative: Any) -> JobSpec:

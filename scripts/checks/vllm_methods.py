@@ -7,12 +7,20 @@ Prints one Markdown row per method (the table in docs/vllm-methods.md).
     .venv/bin/python scripts/checks/vllm_methods.py --work /tmp/vm               # every method
     .venv/bin/python scripts/checks/vllm_methods.py --work /tmp/vm --only suffix,draft_model
     .venv/bin/python scripts/checks/vllm_methods.py --work /tmp/vr --runs-only --adaptive
+    .venv/bin/python scripts/checks/vllm_methods.py --work /tmp/vv --only ngram,draft_model \\
+        --verify-only --dtype bfloat16 --rows 24 --max-tokens 64 --sampled-rows 3 --samples 400 \\
+        --tokens 4
+
+The last is verify's full set (docs/verify.md): greedy rows compared in float32 and bfloat16
+(near-ties classified), more prompts sampled. A bfloat16 verify runs vLLM in processes of its
+own (vLLM 0.32 in one process fails an engine start after one of another dtype); the planted
+bias stays in float32.
 
 EAGLE-3 needs a head: ``--head DIR`` (a ``batchspec distill`` output), else the script makes
 one first (a run of 24 rows, then ``batchspec distill --holdout 0 --epochs 3``). Suffix
 decoding needs ``bash scripts/setup_suffix.sh``. ``eagle`` and ``mtp`` are run through
 ``validate`` only: no head or model for them exists here (the docs say why). The runs run
-vLLM as production does; every verify runs it in the CLI's process
+vLLM as production does; every float32 verify runs it in the CLI's process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which the planted bias needs.
 """
 
@@ -23,14 +31,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from harness import PLANTED, check_line, cli, job_file, parser, parts, run_cli, verify
+from harness import PLANTED, check_line, cli, job_file, options, parser, parts, run_cli, verify
 
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 DRAFT = "builtin:smollm2-135m-draft"
 METHODS = ["none", "ngram", "draft_model", "eagle3", "suffix", "eagle", "mtp"]
 """``none``: the K=0 baseline of the runs' tokens/s (nothing to verify)."""
+DOMAINS = 6
+"""Of the default prompt set: greedy verify rows are spread over them."""
 SAMPLED_TOKENS = {"eagle3": "4"}
-"""Tokens compared by the sampled verify (default 2): a small head's first draft after
+"""Tokens compared by the sampled verify (default ``--tokens``): a small head's first draft after
 "Maria" was accepted in none of 150 samples, so it is given three speculative positions."""
 
 
@@ -84,10 +94,11 @@ def run_figures(job: Path) -> str:
     return f"{text} | modelled: report: {said[0] if said else '(no K view)'}"
 
 
-def verify_figures(job: Path, planted: bool, *args: str) -> str:
-    """One ``verify`` (in the CLI's process, which the planted bias needs) and its figures."""
+def verify_figures(job: Path, planted: bool, *args: str, env: dict | None = IN_PROCESS) -> str:
+    """One ``verify`` (in the CLI's process, which the planted bias needs; ``env`` None: in
+    processes of its own) and its figures."""
     out = job.parent / f"{job.stem}-{'planted' if planted else 'ok'}"
-    rep, line = verify(job, out, *args, env=PLANTED if planted else IN_PROCESS)
+    rep, line = verify(job, out, *args, env=PLANTED if planted else env)
     if rep is None:
         return line
     verdict = {0: "pass", 1: "FAIL"}.get(rep["exit"], f"exit {rep['exit']}")
@@ -113,31 +124,46 @@ def method_row(work: Path, method: str, speculative: dict, args: argparse.Namesp
     run_job = write_job(
         work / f"{method}-run.yaml", speculative | adaptive, 2, sampling={"max_tokens": 64}
     )
-    cells = [run_figures(run_job)]
+    cells = [] if args.verify_only else [run_figures(run_job)]
     if method != "none" and not args.runs_only:
-        greedy = write_job(work / f"{method}-greedy.yaml", speculative, sampling={"max_tokens": 32})
-        sampled = write_job(
-            work / f"{method}-sampled.yaml",
-            speculative,
-            domains=["math"],
-            model={"max_num_seqs": 32},
-            sampling={"max_tokens": 32, "temperature": 1.0},
-        )
-        s_args = ("--rows", "1", "--samples", "150", "--tokens", SAMPLED_TOKENS.get(method, "2"))
-        cells += [
-            verify_figures(greedy, False, "--rows", "6"),
-            verify_figures(greedy, True, "--rows", "6"),
-            verify_figures(sampled, False, *s_args),
-            verify_figures(sampled, True, *s_args),
-        ]
+        cells += verify_cells(work, method, speculative, args)
     return f"| {method} | " + " | ".join(cells) + " |"
+
+
+def verify_cells(work: Path, method: str, speculative: dict, args: argparse.Namespace):
+    """Greedy (``--rows`` over the domains), planted, sampled (``--sampled-rows`` math
+    prompts), planted; the planted ones in float32."""
+    greedy, sampled = {"max_tokens": args.max_tokens}, {"max_tokens": 32, "temperature": 1.0}
+    jobs = {}
+    for dtype in {args.dtype, "float32"}:
+        jobs["greedy", dtype] = write_job(
+            work / f"{method}-greedy-{dtype}.yaml", speculative, -(-args.rows // DOMAINS),
+            model={"dtype": dtype}, sampling=greedy,
+        )  # fmt: skip
+        jobs["sampled", dtype] = write_job(
+            work / f"{method}-sampled-{dtype}.yaml", speculative, args.sampled_rows,
+            domains=["math"], model={"max_num_seqs": 32, "dtype": dtype}, sampling=sampled,
+        )  # fmt: skip
+    tokens = SAMPLED_TOKENS.get(method, str(args.tokens))
+    env = IN_PROCESS if args.dtype == "float32" else None
+    g_args = ("--rows", str(args.rows))
+    s_args = ("--rows", str(args.sampled_rows), "--samples", str(args.samples), "--tokens", tokens)
+    return [
+        verify_figures(jobs["greedy", args.dtype], False, *g_args, env=env),
+        verify_figures(jobs["greedy", "float32"], True, *g_args),
+        verify_figures(jobs["sampled", args.dtype], False, *s_args, env=env),
+        verify_figures(jobs["sampled", "float32"], True, *s_args),
+    ]
 
 
 def main() -> None:
     # --only: comma-separated methods (default: all); --head: an EAGLE-3 head (a batchspec
     # distill output), else one is made; --runs-only: the runs alone, no verify; --adaptive:
-    # the runs with the K controller.
-    ap = parser(__doc__, only=None, head=None, runs_only=False, adaptive=False)
+    # the runs with the K controller; --verify-only: no runs; --dtype: the verifies' (not the
+    # planted ones'); --rows, --max-tokens: greedy rows; --sampled-rows, --samples, --tokens:
+    # sampled prompts, samples of each, positions compared.
+    ap = parser(__doc__, only=None, head=None, runs_only=False, adaptive=False, verify_only=False)
+    options(ap, dtype="float32", rows=6, max_tokens=32, sampled_rows=1, samples=150, tokens=2)
     ap.add_argument("--work", type=Path, required=True, help="a new directory for the runs")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)

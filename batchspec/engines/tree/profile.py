@@ -8,7 +8,7 @@ tree of the root alone) for each node count of the job's grid at the batch sizes
 will see (powers of two up to ``max_num_seqs``, and ``max_num_seqs``), behind a context of
 ``CONTEXT`` cached tokens, the median of up to ``REPEATS`` repetitions after a warm-up (fewer
 for a cell whose forwards take long). The default grid (6 node counts) at batch 8 is 24 cells:
-4.4 s on this 2-core CPU for 16 of them with the embedded model (``scripts/bench/step_profile.py``).
+4.4 s on this 2-core CPU for 16 of them with the embedded model.
 
 The table is cached per machine, model, dtype, device and thread count in the user's cache
 (``$BATCHSPEC_CACHE``, else ``$BATCHSPEC_HOME``, else ``~/.cache/batchspec``; under
