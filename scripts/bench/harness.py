@@ -322,10 +322,11 @@ def check_line(c: dict) -> str:
     and failures; or the sampled two-sample tests and the distance they could detect."""
     if c["check"] == "greedy":
         drift = "n/a" if c["max_drift"] is None else f"{c['max_drift']:.2e}"
+        low, high = c["min_margin"], c["max_margin"]  # nats, over near-ties and failures
+        margins = "" if low is None else f", margins {low:.3g}..{high:.3g} nats"
         return (
             f"{c['dtype']}: {c['rows']} rows, {c['identical']} identical, {c['near_ties']} "
-            f"near-ties, {c['failures']} failures, margins {c['min_margin']}.."
-            f"{c['max_margin']}, max drift {drift}"
+            f"near-ties, {c['failures']} failures{margins}, max drift {drift}"
         )
     return (
         f"{c['prompts']} prompts x {c['positions']} positions, {c['tests']} tests, "
