@@ -66,6 +66,14 @@ def test_each_domain_gets_the_drafter_and_k_its_replays_and_costs_price_fastest(
     assert pick.options["suffix"][0] == pick.options["ngram"][0] == pytest.approx(100.0)
     # Drafts that rarely land: plain decoding, recorded as the method's (K=0 drafts nothing).
     assert c.choose("chat")[:2] == ("ngram", 0)
+    # A domain not seen yet starts blind (plain here), though json's replay, all that was
+    # seen, says suffix at K=2; where a verify costs a plain step, blind is the spec's K=4.
+    seen = choice(["ngram", "suffix"], "ngram", {"ngram": 1e-5, "suffix": 3e-5})
+    seen.add(ob("json", 4, "ngram", replays=replays(1000, ngram=(200, 250), suffix=(400, 500))))
+    assert seen.choose("json")[:2] == ("suffix", 2)
+    assert seen.choose("code")[:3] == ("ngram", 0, None)
+    flat.add(ob("json", 4, "ngram", replays=replays(1000, ngram=(0, 0), suffix=(0, 0))))
+    assert flat.choose("code")[:3] == ("ngram", 4, None)  # not json's plain
     assert c.plan(["json", "chat"]) == ({"json": 2, "chat": 0}, {"json": "suffix", "chat": "ngram"})
 
 

@@ -15,10 +15,10 @@ The controllers' predictions are compared on one footing: a domain's measured ra
 model's prediction of every drafter's other K by one factor, pooled over the drafters that
 ran (a domain with long prompts steps slower whatever drafts for it; scaling each drafter by
 its own measurements alone would favour the one never run). A drafter is a candidate in a
-domain only where something measured prices it: a replay (the domain's rows, or for a domain
-not seen yet every domain's) or, for a model drafter, its own rows' acceptance in the domain;
-otherwise the domain starts at the spec's method, at the K of a blind unit, as the single
-controller does (``controller.blind_k``).
+domain only where something measured in the domain prices it: a replay of its rows or, for a
+model drafter, its own rows' acceptance there; otherwise (a domain not seen yet too) the domain
+starts at the spec's method, at the K of a blind unit, as the single controller does
+(``controller.blind_k``).
 """
 
 from __future__ import annotations
@@ -167,11 +167,8 @@ class DrafterChoice:
 
     def _candidate(self, ctl: Controller, domain: Domain) -> bool:
         """Whether something measured prices this drafter's K > 0 in ``domain``."""
-        replayed = ctl.replayed(domain) or (
-            domain not in ctl.index and bool(ctl._replay_tokens.any())
-        )
         model = ctl.domain_model(domain)
-        return bool(replayed) or model.accepted + model.rejections > 0
+        return bool(ctl.replayed(domain)) or model.accepted + model.rejections > 0
 
     def plan(self, domains: list[Domain]) -> tuple[dict[Domain, int], dict[Domain, str]]:
         """K and drafter per domain."""
