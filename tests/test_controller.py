@@ -324,6 +324,33 @@ def test_an_engine_that_takes_k_per_unit_gets_every_domain_at_its_best_k(tmp_pat
     assert committed.mixed
 
 
+def test_the_first_unit_is_given_its_k_again_once_the_engine_prices_steps(tmp_path) -> None:
+    """The run's first unit is taken before any engine is up: nothing prices a step, so its
+    blind K is the spec's (3). Once an engine that takes K per unit is up with a profile in
+    which a step at K=3 costs 1.3 plain ones, the unit is given its K again: plain, as blind
+    units are at that price; "easy" (replayed) keeps its own K=3. A job with speculation
+    fixed, or a unit given a K once the engine was up, is left alone."""
+    from batchspec.units import WorkUnit
+    from batchspec.work.scheduler import Scheduler
+
+    policy = policy_with_rates(tmp_path, {})
+    policy.ctl.add(replayed_observation("easy", 3, {0: 0, 1: 40, 3: 60}))
+    units = [WorkUnit(0, "x", i, i + 1, d, 1) for i, d in enumerate(["new", "easy", "new"])]
+    sched = Scheduler(units, policy)
+    k, first = sched.next_engine(None)
+    assert (k, first) == (3, units[0])
+    profile = type("Profile", (), {"seconds": lambda self, b, k: 1 + 0.1 * k})()
+    policy.engine_up(type("Tree", (), {"k_per_unit": True, "step_profile": profile})())
+    sched.rechoose(first)
+    assert sched.unit_k(first) == 0
+    taken = sched.next_unit(3)
+    sched.rechoose(taken)  # given its K when taken: kept
+    assert sched.unit_k(taken) == 3
+    policy.adaptive = False
+    sched.rechoose(first)
+    assert sched.unit_k(first) is None
+
+
 def test_a_domain_nothing_was_learnt_of_starts_at_the_largest_k_that_cannot_lose_much() -> None:
     """Before any replay a domain without counts starts blind: not at what a prior acceptance
     would pick, but at the largest K up to the spec's (3) whose step costs at most

@@ -194,6 +194,14 @@ class KPolicy:
         plan = self._plan(domains, seconds, own, engine_k)
         return Decision(plan, self._probe(domains, rows, plan, seconds))
 
+    def choose(self, domain: Domain) -> tuple[int, str | None]:
+        """One domain's K and drafter (None: the job's method) on an engine that takes K per
+        unit, as ``decide`` would plan them."""
+        if self.drafters is not None:
+            pick = self.drafters.choose(domain)
+            return pick.k, pick.drafter
+        return self.ctl.choose(domain).k, None
+
     def _plan(
         self, domains: list[Domain], seconds: np.ndarray, own: np.ndarray, engine_k: int | None
     ) -> dict[Domain, int]:

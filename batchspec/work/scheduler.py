@@ -186,6 +186,17 @@ class Scheduler:
                     return item[1]
         return None
 
+    def rechoose(self, unit: WorkUnit) -> None:
+        """A unit taken before its engine came up: the run's first, planned before any step
+        cost priced K, so at the blind K of no costs (the spec's K; at batch 8 on this CPU, a
+        step a third dearer than plain were nothing accepted). On an engine that takes K per
+        unit its K and drafter are chosen again once the engine's costs are in."""
+        policy = self.policy
+        if policy.per_unit and policy.adaptive and unit.unit_id not in self._unit_k:
+            self._unit_k[unit.unit_id], drafter = policy.choose(unit.domain)
+            if drafter is not None:
+                self._unit_drafter[unit.unit_id] = drafter
+
     def unit_k(self, unit: WorkUnit) -> int | None:
         """The K the plan gave ``unit`` when it was taken (None if unknown): what an engine
         that takes K per unit decodes its rows at."""

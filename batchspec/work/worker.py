@@ -155,6 +155,7 @@ class Worker:
             return engine
         if engine is None:
             engine = self._build(k)
+            self.scheduler.rechoose(unit)  # its K was planned before the engine's costs
         builder = self.backend.prompts(engine)
         ex = self.spec.execution
         source = ClaimingSource(
