@@ -68,6 +68,8 @@ class Scheduler:
         """The planned K of each unit taken and not yet asked for (``unit_k``)."""
         self._unit_drafter: dict[str, str] = {}
         """The same for the planned drafter (``speculative.drafters``; ``unit_drafter``)."""
+        self._probes: set[str] = set()
+        """Units taken to measure a K (the policy's probe): ``rechoose`` leaves their K."""
         self._started: set[Domain] = set()
         """Domains with a unit taken from this plan (run here, or claimed by another worker
         first): their first look at the domain is under way (``_first_looks``)."""
@@ -88,7 +90,9 @@ class Scheduler:
         if decision.probe is not None:
             domain, k = decision.probe
             self.policy.taken(domain, explored=True)
-            return k, self._pop(domain, k)
+            probe = self._pop(domain, k)
+            self._probes.add(probe.unit_id)
+            return k, probe
         rows_by_k: dict[int, int] = {}
         for d, n in self.rows.items():
             rows_by_k[decision.plan[d]] = rows_by_k.get(decision.plan[d], 0) + n
@@ -190,9 +194,11 @@ class Scheduler:
         """A unit taken before its engine came up: the run's first, planned before any step
         cost priced K, so at the blind K of no costs (the spec's K; at batch 8 on this CPU, a
         step a third dearer than plain were nothing accepted). On an engine that takes K per
-        unit its K and drafter are chosen again once the engine's costs are in."""
-        policy = self.policy
-        if policy.per_unit and policy.adaptive and unit.unit_id not in self._unit_k:
+        unit its K and drafter are chosen again once the engine's costs are in; a probe keeps
+        the K it went to measure."""
+        policy, probe = self.policy, unit.unit_id in self._probes
+        self._probes.discard(unit.unit_id)
+        if policy.per_unit and policy.adaptive and not probe and unit.unit_id not in self._unit_k:
             self._unit_k[unit.unit_id], drafter = policy.choose(unit.domain)
             if drafter is not None:
                 self._unit_drafter[unit.unit_id] = drafter
