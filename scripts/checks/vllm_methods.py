@@ -37,18 +37,16 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 DRAFT = "builtin:smollm2-135m-draft"
 METHODS = ["none", "ngram", "draft_model", "eagle3", "suffix", "eagle", "mtp"]
 """``none``: the K=0 baseline of the runs' tokens/s (nothing to verify)."""
-DOMAINS = 6
-"""Of the default prompt set: greedy verify rows are spread over them."""
 SAMPLED_TOKENS = {"eagle3": "4"}
 """Tokens compared by the sampled verify (default ``--tokens``): a small head's first draft after
 "Maria" was accepted in none of 150 samples, so it is given three speculative positions."""
 
 
-def write_job(path: Path, speculative: dict, per_domain: int = 1, **changes: dict) -> Path:
-    """The default job over the first ``per_domain`` prompts of each domain (``domains`` in
-    ``changes``: of those alone), K=3 fixed, with ``changes`` per section. The default job's
-    n-gram bounds stay (vLLM's own defaults, 5..5, match far less)."""
-    rows = {"per_domain": per_domain, "domains": changes.pop("domains", None)}
+def write_job(path: Path, speculative: dict, per_domain: int | None = 1, **changes) -> Path:
+    """The default job over the first ``per_domain`` prompts of each domain (``domains``: of
+    those alone; ``rows``: that many, the domains in turn), K=3 fixed, with ``changes`` per
+    section. The default job's n-gram bounds stay (vLLM's own, 5..5, match far less)."""
+    rows = {k: changes.pop(k, None) for k in ("domains", "rows")} | {"per_domain": per_domain}
     sections = {
         "output": {"dir": str(path.parent / f"{path.stem}-out"), "unit_rows": 64},
         "model": {"max_model_len": 1024, "max_num_seqs": 8} | changes.pop("model", {}),
@@ -121,10 +119,12 @@ def method_row(work: Path, method: str, speculative: dict, args: argparse.Namesp
     if method in ("eagle", "mtp"):
         return f"| {method} | {validate_only(work, method, speculative)} |"
     adaptive = {"adaptive": True} if args.adaptive and method != "none" else {}
-    run_job = write_job(
-        work / f"{method}-run.yaml", speculative | adaptive, 2, sampling={"max_tokens": 64}
-    )
-    cells = [] if args.verify_only else [run_figures(run_job)]
+    cells = []
+    if not args.verify_only:
+        run_job = write_job(
+            work / f"{method}-run.yaml", speculative | adaptive, 2, sampling={"max_tokens": 64}
+        )
+        cells.append(run_figures(run_job))
     if method != "none" and not args.runs_only:
         cells += verify_cells(work, method, speculative, args)
     return f"| {method} | " + " | ".join(cells) + " |"
@@ -137,7 +137,7 @@ def verify_cells(work: Path, method: str, speculative: dict, args: argparse.Name
     jobs = {}
     for dtype in {args.dtype, "float32"}:
         jobs["greedy", dtype] = write_job(
-            work / f"{method}-greedy-{dtype}.yaml", speculative, -(-args.rows // DOMAINS),
+            work / f"{method}-greedy-{dtype}.yaml", speculative, None, rows=args.rows,
             model={"dtype": dtype}, sampling=greedy,
         )  # fmt: skip
         jobs["sampled", dtype] = write_job(
