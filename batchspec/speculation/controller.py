@@ -232,13 +232,10 @@ class Controller:
 
     def table(self, domains: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
         """Rates (rows: ``domains``, columns: ``k_grid``; NaN where unknown) and chosen K of
-        these domains; a fixed domain has its K and no rates (the controller leaves it), and
-        so has a domain that starts blind (``Predictions.default``): its rates rest on no
-        acceptance of its own, and the engine plan must not move it off its blind K."""
+        these domains; a fixed domain has its K and no rates (the controller leaves it)."""
         t = self._current()
         at = [self.index.get(d, t.blank) for d in domains]
         rates, k = t.rates[at], t.k[at]
-        rates[t.default[at]] = np.nan
         for i, d in enumerate(domains):
             fixed = self.fixed_k(d)
             if fixed is not None:
