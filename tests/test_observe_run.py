@@ -19,6 +19,7 @@ from conftest import IN_PROCESS_ENGINE, PROMPTS, job_dict, run_cli, write_job
 from support.doc_examples import shapes, status_examples
 
 from batchspec.cli import main
+from batchspec.observe.plots import DPI
 
 pytestmark = pytest.mark.engine
 
@@ -159,8 +160,13 @@ def test_report_markdown_and_plots(done_run: tuple[Path, Path, str], tmp_path: P
     ]
     for name in names:
         width, height = png_size(tmp_path / "plots" / name)
-        assert 600 <= width <= 2000 and 300 <= height <= 1500, (name, width, height)
-        assert (tmp_path / "plots" / name).stat().st_size > 15_000, name
+        # The histograms have a 4-inch panel per domain that drafted, up to 3 a row: with
+        # domains' first units blind, as few as one drafts in this short run.
+        panels = name == "acceptance_histograms.png"
+        low = 4 * DPI if panels else 600
+        assert low <= width <= 2000 and 300 <= height <= 1500, (name, width, height)
+        size = (tmp_path / "plots" / name).stat().st_size  # drawn, not blank: one panel 13 KB
+        assert size > (10_000 if panels else 15_000), (name, size)
 
 
 def test_export_is_the_input_in_order(done_run: tuple[Path, Path, str], tmp_path: Path) -> None:
